@@ -1,0 +1,436 @@
+//! Configuration files in the shape of twemproxy's `nutcracker.yml`.
+//!
+//! A file is a map of pool name to pool. Every key twemproxy 0.5 accepts is
+//! accepted and means what it means there, with twemproxy's defaults
+//! (`distribution: ketama`, `hash: fnv1a_64`); chash adds `vnodes`. An
+//! unknown key is an error that names it.
+//!
+//! ```
+//! use chash::config::Config;
+//! let cfg = Config::from_yaml(r#"
+//! alpha:
+//!   listen: 127.0.0.1:22121
+//!   distribution: ring
+//!   hash: md5
+//!   servers:
+//!    - 127.0.0.1:11211:1
+//!    - 127.0.0.1:11212:2 cache-b
+//! "#).unwrap();
+//! let pool = cfg.pool(None).unwrap();
+//! assert_eq!(pool.name, "alpha");
+//! let snapshot = pool.snapshot().unwrap();
+//! assert!(snapshot.route(b"user:1").is_some());
+//! ```
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::Deserialize;
+
+use crate::placement::Placement;
+use crate::ring::{Ring, DEFAULT_VNODES};
+use crate::{hash, Error, KeyHasher, Node, Result, ServerLine};
+
+/// Every `distribution:` name chash knows, implemented or not.
+pub const DISTRIBUTIONS: &[&str] =
+    &["ketama", "modula", "random", "nginx", "ring", "jump", "maglev", "rendezvous", "anchor", "multiprobe", "bounded"];
+
+/// A placement algorithm, as named by `distribution:`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Distribution {
+    /// twemproxy's and libmemcached's weighted ketama (twemproxy's default).
+    Ketama,
+    /// twemproxy's `hash % n` over the servers (weights ignored).
+    Modula,
+    /// twemproxy's random choice per request.
+    Random,
+    /// nginx's `hash $key consistent`.
+    Nginx,
+    /// chash's native weighted ring.
+    Ring,
+    /// Jump consistent hash (Lamping & Veach).
+    Jump,
+    /// Maglev (Eisenbud et al.).
+    Maglev,
+    /// Rendezvous (highest random weight).
+    Rendezvous,
+    /// AnchorHash.
+    Anchor,
+    /// Multi-probe consistent hashing.
+    Multiprobe,
+    /// Consistent hashing with bounded loads.
+    Bounded,
+}
+
+impl Distribution {
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Distribution::Ketama => "ketama",
+            Distribution::Modula => "modula",
+            Distribution::Random => "random",
+            Distribution::Nginx => "nginx",
+            Distribution::Ring => "ring",
+            Distribution::Jump => "jump",
+            Distribution::Maglev => "maglev",
+            Distribution::Rendezvous => "rendezvous",
+            Distribution::Anchor => "anchor",
+            Distribution::Multiprobe => "multiprobe",
+            Distribution::Bounded => "bounded",
+        }
+    }
+}
+
+impl fmt::Display for Distribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Distribution {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        use Distribution::*;
+        [Ketama, Modula, Random, Nginx, Ring, Jump, Maglev, Rendezvous, Anchor, Multiprobe, Bounded]
+            .into_iter()
+            .find(|d| d.name() == s || (s == "memento" && *d == Anchor))
+            .ok_or_else(|| Error::UnknownDistribution(s.to_owned()))
+    }
+}
+
+/// One pool as written in the file (all keys optional but `servers`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PoolFile {
+    /// `HOST:PORT` or a unix socket path the proxy listens on.
+    pub listen: Option<String>,
+    /// Key hash name.
+    pub hash: Option<String>,
+    /// Two characters delimiting the hashed part of a key, e.g. `"{}"`.
+    pub hash_tag: Option<String>,
+    /// Placement algorithm name.
+    pub distribution: Option<String>,
+    /// Backend timeout in milliseconds (twemproxy: wait forever).
+    pub timeout: Option<u64>,
+    /// Listen backlog (twemproxy: 512).
+    pub backlog: Option<u32>,
+    /// Maximum client connections (twemproxy: unlimited).
+    pub client_connections: Option<u32>,
+    /// Whether the pool speaks Redis (twemproxy: false, memcached).
+    pub redis: Option<bool>,
+    /// TCP keepalive on backend connections (twemproxy: false).
+    pub tcpkeepalive: Option<bool>,
+    /// SO_REUSEPORT on the listener (twemproxy: false).
+    pub reuseport: Option<bool>,
+    /// Password the proxy sends to Redis backends and requires from clients.
+    pub redis_auth: Option<String>,
+    /// Redis database on the backends (twemproxy: 0).
+    pub redis_db: Option<u32>,
+    /// Connect to every server at start (twemproxy: false).
+    pub preconnect: Option<bool>,
+    /// Eject servers after `server_failure_limit` failures (twemproxy: false).
+    pub auto_eject_hosts: Option<bool>,
+    /// Connections per server (twemproxy: 1).
+    pub server_connections: Option<u32>,
+    /// Milliseconds before an ejected server is retried (twemproxy: 30000).
+    pub server_retry_timeout: Option<u64>,
+    /// Consecutive failures that eject a server (twemproxy: 2).
+    pub server_failure_limit: Option<u32>,
+    /// Server lines, `ID:WEIGHT [NAME]`.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    /// chash: ring points per unit of weight (default 160).
+    pub vnodes: Option<u32>,
+}
+
+/// A whole config file: pools in file order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Config {
+    /// `(name, pool)` in the order the file lists them.
+    pub pools: Vec<(String, PoolFile)>,
+}
+
+impl<'de> Deserialize<'de> for Config {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Pools;
+        impl<'de> Visitor<'de> for Pools {
+            type Value = Config;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of pool names to pools")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Config, A::Error> {
+                let mut pools: Vec<(String, PoolFile)> = Vec::new();
+                while let Some((name, pool)) = map.next_entry::<String, PoolFile>()? {
+                    if pools.iter().any(|(n, _)| *n == name) {
+                        return Err(de::Error::custom(format!("pool {name:?} is defined twice")));
+                    }
+                    pools.push((name, pool));
+                }
+                Ok(Config { pools })
+            }
+        }
+        d.deserialize_map(Pools)
+    }
+}
+
+impl Config {
+    /// Parses YAML text.
+    ///
+    /// # Errors
+    /// [`Error::Config`] with the YAML error (and its line) or the first
+    /// semantic problem of any pool.
+    pub fn from_yaml(text: &str) -> Result<Config> {
+        let cfg: Config = serde_norway::from_str(text).map_err(|e| Error::Config(format!("invalid config: {e}")))?;
+        if cfg.pools.is_empty() {
+            return Err(Error::Config("invalid config: it defines no pools".into()));
+        }
+        for (name, _) in &cfg.pools {
+            cfg.pool(Some(name))?;
+        }
+        Ok(cfg)
+    }
+
+    /// The pool named `name`, or the only/first pool when `None`.
+    ///
+    /// # Errors
+    /// [`Error::Config`] for an unknown name, or a pool whose settings are invalid.
+    pub fn pool(&self, name: Option<&str>) -> Result<Pool> {
+        let (n, p) = match name {
+            Some(name) => self.pools.iter().find(|(n, _)| n == name).ok_or_else(|| {
+                let names: Vec<&str> = self.pools.iter().map(|(n, _)| n.as_str()).collect();
+                Error::Config(format!("no pool named {name:?} (pools: {})", names.join(", ")))
+            })?,
+            None => self.pools.first().ok_or_else(|| Error::Config("the config defines no pools".into()))?,
+        };
+        Pool::from_file(n, p).map_err(|e| Error::Config(format!("pool {n:?}: {e}")))
+    }
+}
+
+/// A pool with every setting resolved (defaults applied, names parsed).
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct Pool {
+    /// Pool name.
+    pub name: String,
+    /// Key hash.
+    pub hash: KeyHasher,
+    /// Hash tag delimiters.
+    pub hash_tag: Option<[u8; 2]>,
+    /// Placement algorithm.
+    pub distribution: Distribution,
+    /// Ring points per unit of weight.
+    pub vnodes: u32,
+    /// Servers in file order.
+    pub servers: Vec<ServerLine>,
+    /// The file's settings as written (for the proxy's own keys).
+    pub file: PoolFile,
+}
+
+impl Pool {
+    /// Resolves a pool read from a file, with twemproxy's defaults.
+    ///
+    /// # Errors
+    /// Unknown hash or distribution names, a bad hash tag, a bad server line,
+    /// or no servers.
+    pub fn from_file(name: &str, file: &PoolFile) -> Result<Pool> {
+        let hash = file.hash.as_deref().unwrap_or("fnv1a_64").parse()?;
+        let distribution = file.distribution.as_deref().unwrap_or("ketama").parse()?;
+        let hash_tag = match file.hash_tag.as_deref() {
+            None => None,
+            Some(tag) => match tag.as_bytes() {
+                &[open, close] => Some([open, close]),
+                _ => {
+                    return Err(Error::Config(format!(
+                        "hash_tag {tag:?} must be exactly two characters, e.g. \"{{}}\""
+                    )))
+                }
+            },
+        };
+        let servers = file.servers.iter().map(|s| s.parse()).collect::<Result<Vec<ServerLine>>>()?;
+        if servers.is_empty() {
+            return Err(Error::Config("it has no servers".into()));
+        }
+        if file.redis_db.is_some_and(|db| db > 0) && file.redis != Some(true) {
+            return Err(Error::Config("redis_db is set but redis is not true".into()));
+        }
+        let pool = Pool {
+            name: name.to_owned(),
+            hash,
+            hash_tag,
+            distribution,
+            vnodes: file.vnodes.unwrap_or(DEFAULT_VNODES),
+            servers,
+            file: file.clone(),
+        };
+        pool.check_supported()?;
+        Ok(pool)
+    }
+
+    /// A pool from server lines with chash's own defaults (the `--node` flags).
+    pub fn from_servers(servers: Vec<ServerLine>) -> Pool {
+        Pool {
+            name: "cli".into(),
+            hash: KeyHasher::Xxh3,
+            hash_tag: None,
+            distribution: Distribution::Ring,
+            vnodes: DEFAULT_VNODES,
+            servers,
+            file: PoolFile::default(),
+        }
+    }
+
+    /// Checks that this version of chash can place keys for this pool.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a distribution not implemented yet.
+    pub fn check_supported(&self) -> Result<()> {
+        match self.distribution {
+            Distribution::Ring => Ok(()),
+            d => Err(Error::Unsupported(format!(
+                "distribution {d} is not implemented in this version of chash{}; \
+                 `distribution: ring` is",
+                if d == Distribution::Ketama {
+                    " (it is twemproxy's default when `distribution` is absent)"
+                } else {
+                    ""
+                }
+            ))),
+        }
+    }
+
+    /// Builds the placement for this pool.
+    ///
+    /// # Errors
+    /// As [`Pool::check_supported`], plus placement errors such as duplicate
+    /// server ids or `vnodes: 0`.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        self.check_supported()?;
+        let nodes = self.servers.iter().map(ServerLine::to_node).collect::<Result<Vec<Node>>>()?;
+        let ring = Ring::builder().hasher(self.hash).vnodes(self.vnodes).build(nodes)?;
+        Ok(Snapshot { hash_tag: self.hash_tag, placement: AnyPlacement::Ring(ring) })
+    }
+}
+
+/// A built placement of any algorithm.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum AnyPlacement {
+    /// The native ring.
+    Ring(Ring),
+}
+
+/// An immutable routing table for one pool: the placement plus the pool's key
+/// rules (hash tag). Share it with `arc-swap`; a change builds a new one.
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    hash_tag: Option<[u8; 2]>,
+    placement: AnyPlacement,
+}
+
+impl Snapshot {
+    /// The placement.
+    pub fn placement(&self) -> &AnyPlacement {
+        &self.placement
+    }
+
+    /// The hash input for `key` after the hash tag rule.
+    pub fn hashed_part<'k>(&self, key: &'k [u8]) -> &'k [u8] {
+        hash::tagged(key, self.hash_tag)
+    }
+
+    /// Index of the server that owns `key`.
+    #[inline]
+    pub fn route_index(&self, key: &[u8]) -> Option<usize> {
+        let part = self.hashed_part(key);
+        match &self.placement {
+            AnyPlacement::Ring(r) => r.locate(part),
+        }
+    }
+
+    /// Id of the server that owns `key`.
+    #[inline]
+    pub fn route(&self, key: &[u8]) -> Option<&str> {
+        self.route_index(key).map(|i| self.node_ids_at(i))
+    }
+
+    fn node_ids_at(&self, i: usize) -> &str {
+        match &self.placement {
+            AnyPlacement::Ring(r) => r.nodes()[i].id(),
+        }
+    }
+
+    /// The nodes, in server-line order.
+    pub fn nodes(&self) -> &[Node] {
+        match &self.placement {
+            AnyPlacement::Ring(r) => r.nodes(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: &str = r#"
+alpha:
+  listen: 127.0.0.1:22121
+  hash: fnv1a_64
+  hash_tag: "{}"
+  distribution: ring
+  timeout: 400
+  backlog: 1024
+  client_connections: 100
+  redis: true
+  tcpkeepalive: true
+  reuseport: false
+  redis_auth: secret
+  redis_db: 1
+  preconnect: true
+  auto_eject_hosts: true
+  server_connections: 2
+  server_retry_timeout: 2000
+  server_failure_limit: 3
+  vnodes: 100
+  servers:
+   - 127.0.0.1:6379:1 one
+   - 127.0.0.1:6380:2
+beta:
+  distribution: ring
+  servers:
+   - cache-a:1
+"#;
+
+    #[test]
+    fn whole_twemproxy_schema_parses() {
+        let cfg = Config::from_yaml(FULL).unwrap();
+        assert_eq!(cfg.pools.len(), 2);
+        let a = cfg.pool(Some("alpha")).unwrap();
+        assert_eq!((a.hash, a.hash_tag, a.vnodes), (KeyHasher::Fnv1a64, Some(*b"{}"), 100));
+        assert_eq!(a.servers[0].name.as_deref(), Some("one"));
+        assert_eq!(a.file.server_connections, Some(2));
+        assert_eq!(cfg.pool(None).unwrap().name, "alpha");
+        let s = a.snapshot().unwrap();
+        assert_eq!(s.route(b"x{tag}y"), s.route(b"tag"));
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let err = |text: &str| Config::from_yaml(text).unwrap_err().to_string();
+        assert!(err("a:\n  distribution: ring\n  colour: blue\n  servers: [x:1]\n").contains("colour"));
+        assert!(err("a:\n  distribution: ring\n  hash: sha1\n  servers: [x:1]\n").contains("sha1"));
+        assert!(err("a:\n  distribution: ring\n  hash_tag: \"{\"\n  servers: [x:1]\n").contains("two characters"));
+        assert!(err("a:\n  distribution: ring\n  servers: [x:0]\n").contains("weight 0"));
+        assert!(err("a:\n  distribution: ring\n  servers: []\n").contains("no servers"));
+        assert!(err("a:\n  servers: [x:1]\n").contains("ketama"));
+        assert!(err("a:\n  distribution: circle\n  servers: [x:1]\n").contains("circle"));
+        assert!(err("a: [1, 2]\n").contains("invalid config"));
+        assert!(err("").contains("invalid config") || err("").contains("no pools"));
+        let dup = Config::from_yaml("a:\n  distribution: ring\n  servers: [x:1, x:2]\n").unwrap();
+        assert_eq!(dup.pool(None).unwrap().snapshot().unwrap_err(), Error::DuplicateNode("x".into()));
+        assert!(Config::from_yaml(FULL).unwrap().pool(Some("gamma")).unwrap_err().to_string().contains("alpha, beta"));
+    }
+}

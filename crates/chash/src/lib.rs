@@ -1,0 +1,50 @@
+//! Consistent hashing: place keys on servers so that a change of membership
+//! moves as few keys as possible, exactly the way the systems you already run
+//! do it, only faster.
+//!
+//! ```
+//! use chash::{Node, Placement, Ring};
+//!
+//! let ring = Ring::new(vec![
+//!     Node::new("cache-a", 1)?,
+//!     Node::new("cache-b", 1)?,
+//!     Node::new("cache-c", 2)?, // twice the share
+//! ])?;
+//! let owner = ring.node_for(b"user:42").unwrap();
+//! println!("user:42 lives on {}", owner.id());
+//!
+//! // Failover and replicas: distinct nodes in ring order, owner first.
+//! let replicas: Vec<&str> = ring.candidates(b"user:42").take(2).map(|i| ring.nodes()[i].id()).collect();
+//! assert_eq!(replicas[0], owner.id());
+//! assert_ne!(replicas[0], replicas[1]);
+//! # Ok::<(), chash::Error>(())
+//! ```
+//!
+//! # Layout
+//! - [`KeyHasher`] (`hash`): key bytes to a position on the hash space;
+//!   twemproxy's names give twemproxy's exact values.
+//! - [`Node`], [`ServerLine`] (`node`): what keys are placed on.
+//! - [`Placement`] (`placement`): the one trait every algorithm implements;
+//!   [`PointRing`] for the "first point ≥ hash" family.
+//! - [`Ring`] (`ring`): the native weighted ring; its sorted points and O(1)
+//!   bucket index live in `points`.
+//! - [`analysis`]: exact ownership, diffs between placements, sampled load.
+//! - [`config`]: twemproxy-shaped YAML, pools and routing [`Snapshot`](config::Snapshot)s.
+//!
+//! The crate is pure: no I/O, no threads, no global state. Lookups take
+//! `&self`, never allocate, and every type is `Send + Sync`.
+
+pub mod analysis;
+pub mod config;
+mod error;
+pub mod hash;
+mod node;
+mod placement;
+mod points;
+mod ring;
+
+pub use error::{Error, Result};
+pub use hash::KeyHasher;
+pub use node::{Node, ServerLine};
+pub use placement::{Placement, PointRing};
+pub use ring::{Ring, RingBuilder, RingCandidates, DEFAULT_VNODES, MAX_POINTS};

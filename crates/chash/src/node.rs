@@ -1,0 +1,194 @@
+//! Nodes (the things keys are placed on) and twemproxy-style server lines.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::{Error, Result};
+
+/// A physical node: a unique id, a weight, and an optional user payload.
+///
+/// The id is what lookups report and what placements hash (with the vnode
+/// index) to make points; the payload travels along untouched (a socket
+/// address, a connection pool, ...).
+///
+/// ```
+/// use chash::Node;
+/// let n = Node::new("cache-a", 2).unwrap();
+/// assert_eq!((n.id(), n.weight()), ("cache-a", 2));
+/// assert!(Node::new("cache-b", 0).is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Node<T = ()> {
+    id: Box<str>,
+    weight: u32,
+    payload: T,
+}
+
+impl Node<()> {
+    /// A node without payload.
+    ///
+    /// # Errors
+    /// [`Error::EmptyNodeId`] for an empty id, [`Error::ZeroWeight`] for weight 0.
+    pub fn new(id: impl Into<String>, weight: u32) -> Result<Self> {
+        Node::with_payload(id, weight, ())
+    }
+}
+
+impl<T> Node<T> {
+    /// A node carrying `payload`.
+    ///
+    /// # Errors
+    /// [`Error::EmptyNodeId`] for an empty id, [`Error::ZeroWeight`] for weight 0.
+    pub fn with_payload(id: impl Into<String>, weight: u32, payload: T) -> Result<Self> {
+        let id = id.into();
+        if id.is_empty() {
+            return Err(Error::EmptyNodeId);
+        }
+        if weight == 0 {
+            return Err(Error::ZeroWeight(id));
+        }
+        Ok(Node { id: id.into_boxed_str(), weight, payload })
+    }
+
+    /// The node's unique id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The node's weight (at least 1).
+    pub fn weight(&self) -> u32 {
+        self.weight
+    }
+
+    /// The user payload.
+    pub fn payload(&self) -> &T {
+        &self.payload
+    }
+
+    /// The same node with another weight.
+    ///
+    /// # Errors
+    /// [`Error::ZeroWeight`] for weight 0.
+    pub fn reweighted(&self, weight: u32) -> Result<Self>
+    where
+        T: Clone,
+    {
+        Node::with_payload(self.id(), weight, self.payload.clone())
+    }
+}
+
+/// Checks a node list for the mistakes that are errors: duplicate ids (and,
+/// through [`Node`]'s constructor, empty ids and zero weights).
+pub(crate) fn check_unique<T>(nodes: &[Node<T>]) -> Result<()> {
+    let mut ids: Vec<&str> = nodes.iter().map(Node::id).collect();
+    ids.sort_unstable();
+    match ids.windows(2).find(|w| w[0] == w[1]) {
+        Some(w) => Err(Error::DuplicateNode(w[0].to_owned())),
+        None => Ok(()),
+    }
+}
+
+/// One entry of a pool's `servers:` list: `ID:WEIGHT [NAME]`.
+///
+/// WEIGHT is the number after the last `:`; ID is everything before it
+/// (`127.0.0.1:11211`, `cache-a`, `unix:/var/run/mc.sock`). NAME is optional
+/// and separated by whitespace.
+///
+/// ```
+/// use chash::ServerLine;
+/// let s: ServerLine = "127.0.0.1:11211:2 cache-a".parse().unwrap();
+/// assert_eq!(s.id, "127.0.0.1:11211");
+/// assert_eq!(s.weight, 2);
+/// assert_eq!(s.name.as_deref(), Some("cache-a"));
+/// assert_eq!(s.host_port(), Some(("127.0.0.1", 11211)));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServerLine {
+    /// Everything before the last `:` of the first word.
+    pub id: String,
+    /// The number after the last `:` (at least 1).
+    pub weight: u32,
+    /// The optional second word.
+    pub name: Option<String>,
+}
+
+impl ServerLine {
+    /// `(host, port)` when the id has the form `HOST:PORT`, else `None`
+    /// (for example a bare name or a unix socket path).
+    pub fn host_port(&self) -> Option<(&str, u16)> {
+        let (host, port) = self.id.rsplit_once(':')?;
+        if host.is_empty() || host == "unix" {
+            return None;
+        }
+        Some((host, port.parse().ok()?))
+    }
+
+    /// The node this line describes.
+    pub fn to_node(&self) -> Result<Node> {
+        Node::new(self.id.clone(), self.weight)
+    }
+}
+
+impl FromStr for ServerLine {
+    type Err = Error;
+
+    fn from_str(line: &str) -> Result<Self> {
+        let bad = |reason: &str| Error::ServerLine { line: line.to_owned(), reason: reason.to_owned() };
+        let mut words = line.split_whitespace();
+        let addr = words.next().ok_or_else(|| bad("it is empty"))?;
+        let name = words.next().map(str::to_owned);
+        if words.next().is_some() {
+            return Err(bad("expected `ID:WEIGHT [NAME]`, found more than two words"));
+        }
+        let (id, weight) =
+            addr.rsplit_once(':').ok_or_else(|| bad("expected `ID:WEIGHT`, with the weight after the last ':'"))?;
+        if id.is_empty() {
+            return Err(bad("the id before the weight is empty"));
+        }
+        let weight: u32 = weight
+            .parse()
+            .map_err(|_| bad(&format!("weight {weight:?} is not a whole number from 1 to {}", u32::MAX)))?;
+        if weight == 0 {
+            return Err(bad("weight 0: weights start at 1"));
+        }
+        Ok(ServerLine { id: id.to_owned(), weight, name })
+    }
+}
+
+impl fmt::Display for ServerLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.id, self.weight)?;
+        if let Some(name) = &self.name {
+            write!(f, " {name}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_lines() {
+        let s: ServerLine = "cache-a:3".parse().unwrap();
+        assert_eq!((s.id.as_str(), s.weight, s.name.as_deref()), ("cache-a", 3, None));
+        assert_eq!(s.host_port(), None);
+        let s: ServerLine = "unix:/tmp/mc.sock:1 local".parse().unwrap();
+        assert_eq!(s.id, "unix:/tmp/mc.sock");
+        assert_eq!(s.host_port(), None);
+        let s: ServerLine = "  10.0.0.1:6379:10   redis-1 ".parse().unwrap();
+        assert_eq!(s.to_string(), "10.0.0.1:6379:10 redis-1");
+        assert_eq!(s.host_port(), Some(("10.0.0.1", 6379)));
+        for bad in ["", "a", "a:0", ":1", "a:-1", "a:x", "a:1 b c", "a:99999999999"] {
+            assert!(bad.parse::<ServerLine>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn duplicate_ids_are_errors() {
+        let nodes = vec![Node::new("a", 1).unwrap(), Node::new("b", 1).unwrap(), Node::new("a", 2).unwrap()];
+        assert_eq!(check_unique(&nodes), Err(Error::DuplicateNode("a".into())));
+    }
+}
