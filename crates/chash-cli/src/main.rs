@@ -1,1 +1,61 @@
-fn main() {}
+//! `chash`: route keys to servers, print key hashes, and (as they land)
+//! analyse, plan, benchmark and proxy.
+
+use std::io::{self, Write};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod hash;
+mod keys;
+mod route;
+
+/// Consistent hashing: place keys on servers exactly as twemproxy,
+/// libmemcached and nginx do, or on chash's own ring.
+#[derive(Parser, Debug)]
+#[command(name = "chash", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print the server that owns each key (KEY<TAB>ID).
+    Route(route::RouteArgs),
+    /// Print the hash value of each key (KEY<TAB>VALUE).
+    Hash(hash::HashArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // clap exits 2 on usage errors and 0 for --help/--version.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let result = match cli.command {
+        Command::Route(args) => route::run(args),
+        Command::Hash(args) => hash::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln!(io::stderr(), "chash: error: {}", one_line(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// A reader that stopped reading (`chash route | head`) is not an error.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe))
+}
+
+/// The error and its causes on one line.
+fn one_line(e: &anyhow::Error) -> String {
+    format!("{e:#}").replace('\n', " ")
+}

@@ -1,0 +1,122 @@
+//! `chash route`.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use chash::config::{Config, Distribution, Pool};
+use chash::{KeyHasher, ServerLine};
+use clap::{Args, ValueEnum};
+
+use crate::keys::{for_each_key, write_json_string};
+
+/// Output format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// `KEY<TAB>ID` lines.
+    #[default]
+    Text,
+    /// One JSON object per line: {"key": ..., "id": ...}.
+    Json,
+}
+
+#[derive(Args, Debug)]
+#[group(id = "servers", required = true, multiple = false, args = ["config", "node"])]
+#[command(after_help = "\
+Examples:
+  chash route --node a:1 --node b:2 k1 k2
+  chash route -c nutcracker.yml --pool alpha < keys.txt
+  printf 'k1\\nk2\\n' | chash route --node 10.0.0.1:11211:1 --node 10.0.0.2:11211:1 --format json
+
+Without KEY arguments, keys are read from standard input, one per line (split on
+LF only; every other byte is part of the key). With -c, the pool's settings and
+twemproxy's defaults apply (distribution ketama, hash fnv1a_64); with --node,
+chash's defaults apply (distribution ring, hash xxh3, 160 vnodes per unit of
+weight).")]
+pub struct RouteArgs {
+    /// twemproxy-style YAML config file.
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    config: Option<PathBuf>,
+
+    /// Pool to route for (default: the first pool in the file).
+    #[arg(long, value_name = "NAME", requires = "config")]
+    pool: Option<String>,
+
+    /// A server line `ID:WEIGHT [NAME]`, e.g. `10.0.0.1:11211:1` or `cache-a:2` (repeatable).
+    #[arg(long = "node", value_name = "SERVERLINE", conflicts_with = "config")]
+    node: Vec<String>,
+
+    /// Placement algorithm (with --node).
+    #[arg(long, value_name = "D", default_value = "ring", conflicts_with = "config")]
+    distribution: String,
+
+    /// Key hash (with --node).
+    #[arg(long, value_name = "H", default_value = "xxh3", conflicts_with = "config")]
+    hash: String,
+
+    /// Ring points per unit of weight (with --node).
+    #[arg(long, value_name = "N", default_value_t = chash::DEFAULT_VNODES, conflicts_with = "config")]
+    vnodes: u32,
+
+    /// Two characters around the hashed part of a key, e.g. '{}' (with --node).
+    #[arg(long, value_name = "XY", conflicts_with = "config")]
+    hash_tag: Option<String>,
+
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+
+    /// Keys to route; without any, keys are read from standard input.
+    #[arg(value_name = "KEY")]
+    keys: Vec<String>,
+}
+
+/// The pool described by the arguments.
+fn pool(args: &RouteArgs) -> Result<Pool> {
+    if let Some(path) = &args.config {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let config = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
+        return config.pool(args.pool.as_deref()).with_context(|| path.display().to_string()).map_err(Into::into);
+    }
+    let servers = args.node.iter().map(|s| s.parse::<ServerLine>()).collect::<chash::Result<Vec<_>>>()?;
+    let mut pool = Pool::from_servers(servers);
+    pool.distribution = args.distribution.parse::<Distribution>()?;
+    pool.hash = args.hash.parse::<KeyHasher>()?;
+    pool.vnodes = args.vnodes;
+    pool.hash_tag = match args.hash_tag.as_deref().map(str::as_bytes) {
+        None => None,
+        Some(&[open, close]) => Some([open, close]),
+        Some(_) => bail!("--hash-tag must be exactly two characters, e.g. '{{}}'"),
+    };
+    pool.check_supported()?;
+    Ok(pool)
+}
+
+pub fn run(args: RouteArgs) -> Result<()> {
+    let snapshot = pool(&args)?.snapshot()?;
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    let mut line = Vec::with_capacity(512);
+    for_each_key(&args.keys, |key| {
+        let id = snapshot.route(key).unwrap_or("");
+        line.clear();
+        match args.format {
+            Format::Text => {
+                line.extend_from_slice(key);
+                line.push(b'\t');
+                line.extend_from_slice(id.as_bytes());
+            }
+            Format::Json => {
+                line.extend_from_slice(b"{\"key\":");
+                write_json_string(&mut line, key);
+                line.extend_from_slice(b",\"id\":");
+                write_json_string(&mut line, id.as_bytes());
+                line.push(b'}');
+            }
+        }
+        line.push(b'\n');
+        out.write_all(&line)
+    })?;
+    out.flush()?;
+    Ok(())
+}
