@@ -21,7 +21,6 @@ pub enum Format {
 }
 
 #[derive(Args, Debug)]
-#[group(id = "servers", required = true, multiple = false, args = ["config", "node"])]
 #[command(after_help = "\
 Examples:
   chash route --node a:1 --node b:2 k1 k2
@@ -77,6 +76,9 @@ fn pool(args: &RouteArgs) -> Result<Pool> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let config = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
         return config.pool(args.pool.as_deref()).with_context(|| path.display().to_string()).map_err(Into::into);
+    }
+    if args.node.is_empty() {
+        bail!("no servers: give -c FILE, or one or more --node SERVERLINE (see chash route --help)");
     }
     let servers = args.node.iter().map(|s| s.parse::<ServerLine>()).collect::<chash::Result<Vec<_>>>()?;
     let mut pool = Pool::from_servers(servers);

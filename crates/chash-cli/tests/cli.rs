@@ -1,0 +1,147 @@
+//! Runs the `chash` binary as a user would.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+fn chash(args: &[&str], stdin: &[u8]) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_chash"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("chash runs");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin).unwrap();
+    drop(input);
+    child.wait_with_output().unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8(o.stdout.clone()).unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8(o.stderr.clone()).unwrap()
+}
+
+#[test]
+fn route_keys_from_arguments() {
+    let o = chash(&["route", "--node", "a:1", "--node", "b:2", "k1", "k2"], b"");
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Pinned by the native ring's definition (see the golden tests).
+    assert_eq!(stdout(&o), "k1\ta\nk2\tb\n");
+}
+
+#[test]
+fn route_agrees_with_the_library() {
+    use chash::{Node, Placement, Ring};
+    let ring = Ring::new(vec![Node::new("10.0.0.1:11211", 1).unwrap(), Node::new("cache-b", 3).unwrap()]).unwrap();
+    let keys: Vec<String> = (0..500).map(|i| format!("user:{i}")).collect();
+    let input = keys.join("\n");
+    let o = chash(&["route", "--node", "10.0.0.1:11211:1 first", "--node", "cache-b:3"], input.as_bytes());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), keys.len());
+    for (k, line) in keys.iter().zip(lines) {
+        assert_eq!(line, format!("{k}\t{}", ring.node_for(k.as_bytes()).unwrap().id()));
+    }
+}
+
+#[test]
+fn stdin_splits_on_lf_only() {
+    let o = chash(&["route", "--node", "a:1"], b"x\ny\r\n\nlast");
+    assert_eq!(o.stdout, b"x\ta\ny\r\ta\n\ta\nlast\ta\n");
+    let o = chash(&["route", "--node", "a:1"], b"");
+    assert!(o.status.success());
+    assert!(o.stdout.is_empty());
+    // Bytes that are not UTF-8 pass through unchanged.
+    let o = chash(&["route", "--node", "a:1"], b"\xff\xfe\n");
+    assert_eq!(o.stdout, b"\xff\xfe\ta\n");
+}
+
+#[test]
+fn json_lines() {
+    let o = chash(&["route", "--node", "a:1", "--format", "json", "say \"hi\"", "太阳"], b"");
+    assert!(o.status.success());
+    let out = stdout(&o);
+    let rows: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(rows[0]["key"], "say \"hi\"");
+    assert_eq!(rows[0]["id"], "a");
+    assert_eq!(rows[1]["key"], "太阳");
+}
+
+#[test]
+fn config_file_and_pools() {
+    let dir = std::env::temp_dir().join(format!("chash-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("nutcracker.yml");
+    std::fs::write(
+        &path,
+        "alpha:\n  distribution: ring\n  hash_tag: \"{}\"\n  servers:\n   - a:1\n   - b:1\n   - c:1\n\
+         beta:\n  distribution: ring\n  servers:\n   - only:1\n",
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    let o = chash(&["route", "-c", p, "u{1}", "v{1}", "{1}"], b"");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ids: Vec<String> = stdout(&o).lines().map(|l| l.split('\t').nth(1).unwrap().to_owned()).collect();
+    assert!(ids.iter().all(|id| *id == ids[0]), "hash tag keeps them together: {ids:?}");
+    let o = chash(&["route", "-c", p, "--pool", "beta", "k"], b"");
+    assert_eq!(stdout(&o), "k\tonly\n");
+    let o = chash(&["route", "-c", p, "--pool", "gamma", "k"], b"");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("alpha, beta"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Bad input: exit status 2 and exactly one line on stderr naming the problem.
+#[test]
+fn bad_input_is_one_line_and_exit_2() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["route", "--node", "a:0", "k"], "weight 0"),
+        (&["route", "--node", "a:1", "--node", "a:2", "k"], "duplicate node id \"a\""),
+        (&["route", "--node", "a", "k"], "bad server line"),
+        (&["route", "--node", "a:1", "--hash", "sha1", "k"], "unknown hash \"sha1\""),
+        (&["route", "--node", "a:1", "--distribution", "circle", "k"], "unknown distribution \"circle\""),
+        (&["route", "--node", "a:1", "--vnodes", "0", "k"], "vnodes"),
+        (&["route", "--node", "a:1", "--hash-tag", "{", "k"], "two characters"),
+        (&["route", "-c", "/nonexistent/chash.yml", "k"], "cannot read /nonexistent/chash.yml"),
+        (&["hash", "-H", "nope", "k"], "unknown hash"),
+    ];
+    for (args, needle) in cases {
+        let o = chash(args, b"");
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = stderr(&o);
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+        if args[0] == "route" && !err.starts_with("error:") {
+            assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        }
+    }
+    // Neither -c nor --node: a usage error.
+    let o = chash(&["route", "k"], b"");
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn hash_prints_decimal_values() {
+    let o = chash(&["hash", "-H", "crc32a", "123456789"], b"");
+    assert_eq!(stdout(&o), format!("123456789\t{}\n", 0xcbf4_3926u32));
+    let o = chash(&["hash", "-H", "md5"], b"foo\n\n");
+    assert_eq!(stdout(&o), format!("foo\t{}\n\t{}\n", 0xdb18_bdacu32, 0xd98c_1dd4u32));
+    let o = chash(&["hash", "--help"], b"");
+    assert!(o.status.success());
+}
+
+#[test]
+fn help_and_version() {
+    let o = chash(&["--help"], b"");
+    assert!(o.status.success());
+    assert!(stdout(&o).contains("route"));
+    let o = chash(&["route", "--help"], b"");
+    assert!(stdout(&o).contains("Examples:"));
+    let o = chash(&["--version"], b"");
+    assert!(stdout(&o).starts_with("chash "));
+}
