@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod demo;
 mod hash;
 mod keys;
 mod route;
@@ -25,6 +26,8 @@ enum Command {
     Route(route::RouteArgs),
     /// Print the hash value of each key (KEY<TAB>VALUE).
     Hash(hash::HashArgs),
+    /// Watch keys move: shards leave and join, ring against hash % n.
+    Demo(demo::DemoArgs),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Route(args) => route::run(args),
         Command::Hash(args) => hash::run(args),
+        Command::Demo(args) => demo::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

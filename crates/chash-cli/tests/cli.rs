@@ -145,3 +145,26 @@ fn help_and_version() {
     let o = chash(&["--version"], b"");
     assert!(stdout(&o).starts_with("chash "));
 }
+
+/// The demo's numbers agree with each other and with the weights.
+#[test]
+fn demo_is_consistent() {
+    let o = chash(&["demo", "--keys", "5000"], b"");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    // Leaving: every moved key came from the shard that left, and it held exactly those.
+    let leave = out.lines().find(|l| l.contains("keys moved") && l.contains("from cache-c")).expect(&out);
+    let nums: Vec<u64> =
+        leave.split(|c: char| !c.is_ascii_digit() && c != '.').filter_map(|w| w.parse::<u64>().ok()).collect();
+    assert_eq!(nums[0], nums[1], "{leave}");
+    assert_eq!(nums[1], *nums.last().unwrap(), "{leave}");
+    assert!(out.contains("all to cache-e: yes"), "{out}");
+    // Key shares follow weights 1:2:1:4 within a few points.
+    for (shard, fair) in [("cache-a", 12.5), ("cache-b", 25.0), ("cache-d", 50.0)] {
+        let row = out.lines().find(|l| l.trim_start().starts_with(shard)).unwrap();
+        let share: f64 = row.split_whitespace().last().unwrap().trim_end_matches('%').parse().unwrap();
+        assert!((share - fair).abs() < 4.0, "{row}");
+    }
+    let bad = chash(&["demo", "--keys", "5"], b"");
+    assert_eq!(bad.status.code(), Some(2));
+}
