@@ -48,3 +48,8 @@ pub use hash::KeyHasher;
 pub use node::{Node, ServerLine};
 pub use placement::{Placement, PointRing};
 pub use ring::{Ring, RingBuilder, RingCandidates, DEFAULT_VNODES, MAX_POINTS};
+
+/// The README's Rust examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
