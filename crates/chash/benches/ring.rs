@@ -1,0 +1,482 @@
+//! Lookup, build and add-node speed of chash's native [`Ring`] against peer
+//! crates, measured in the same run on the same machine.
+//!
+//! Every ring has 160 points per node (weight 1). Keys are `user:<i>`, all
+//! 10 bytes, pre-generated; each iteration takes the next one (cycling with a
+//! mask), so a result is the cost of one lookup with a cold-ish key, not of
+//! one key repeated.
+//!
+//! Groups:
+//! - `lookup_with_hash/N`: key bytes to node, key hashing included, each
+//!   crate with its own key hash (chash: xxh3; hashring: SipHash-2-4;
+//!   pingora-ketama: CRC32; consistent_hash: SipHash-1-3).
+//! - `lookup_from_u64/N`: from a precomputed 64-bit hash. Peers that only
+//!   take a generic `Hash` key are fed through an identity `Hasher`
+//!   (documented APIs: `with_hasher`, a custom `RingHash`); jumphash,
+//!   anchorhash and maglev are not point rings and are there as reference
+//!   points. pingora-ketama is absent: its lookups hash the key bytes with
+//!   CRC32 internally and there is no public call taking a hash.
+//! - `hash_only`: the key hash alone, the floor under every lookup.
+//! - `build/1000`: a ring of 1000 nodes (160,000 points) from scratch.
+//! - `add_node/1000`: the 1001st node.
+//!
+//! Run: `cargo bench -p chash --bench ring`.
+
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::hint::black_box;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::time::Duration;
+
+use chash::{KeyHasher, Node, Placement, Ring};
+use consistent_hash::{RingHash, StaticHashRing};
+use criterion::{BatchSize, Criterion, SamplingMode};
+use hashring::HashRing;
+use pingora_ketama::{Bucket, Continuum};
+
+const VNODES: u32 = 160;
+const SIZES: [usize; 3] = [10, 100, 1000];
+const KEY_COUNT: usize = 4096;
+const KEY_MASK: usize = KEY_COUNT - 1;
+
+/// `user:10000` .. `user:14095`: 4096 keys of exactly 10 bytes.
+fn keys() -> Vec<String> {
+    let keys: Vec<String> = (0..KEY_COUNT).map(|i| format!("user:{}", 10_000 + i)).collect();
+    assert!(keys.iter().all(|k| k.len() == 10));
+    keys
+}
+
+fn chash_nodes(n: usize) -> Vec<Node> {
+    (0..n).map(|i| Node::new(format!("node-{i}"), 1).unwrap()).collect()
+}
+
+fn chash_ring(n: usize) -> Ring {
+    Ring::builder().vnodes(VNODES).build(chash_nodes(n)).unwrap()
+}
+
+/// Node `i` as an address, for pingora-ketama (which places `ip\0port`).
+fn addr(i: usize) -> SocketAddr {
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 0, (i >> 8) as u8, i as u8), 11211))
+}
+
+fn ketama_buckets(n: usize) -> Vec<Bucket> {
+    (0..n).map(|i| Bucket::new(addr(i), 1)).collect()
+}
+
+/// A hashring virtual node: hashring has no vnodes of its own, the usual way
+/// is to add `(node, replica)` values. 8 bytes, so 16 bytes per ring entry.
+#[derive(Clone, Copy, Debug, Hash, PartialEq)]
+struct VNode {
+    node: u32,
+    replica: u32,
+}
+
+fn hashring_vnodes(n: usize) -> Vec<VNode> {
+    (0..n as u32).flat_map(|node| (0..VNODES).map(move |replica| VNode { node, replica })).collect()
+}
+
+fn hashring_ring(n: usize) -> HashRing<VNode> {
+    let mut ring = HashRing::new();
+    ring.batch_add(hashring_vnodes(n));
+    ring
+}
+
+fn consistent_hash_nodes(n: usize) -> impl Iterator<Item = consistent_hash::Node<u32, ()>> {
+    (0..n as u32).map(|i| consistent_hash::Node::new(i).quantity(VNODES as usize))
+}
+
+/// A `Hasher` that returns the last `u64` written: lets crates that take a
+/// generic `Hash` key look up a precomputed hash without hashing it again.
+#[derive(Clone, Copy, Debug, Default)]
+struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `u64`s (and `u32`s) are written in these benchmarks; fold
+        // anything else so the hasher stays total.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n);
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct IdentityBuild;
+
+impl BuildHasher for IdentityBuild {
+    type Hasher = IdentityHasher;
+
+    fn build_hasher(&self) -> IdentityHasher {
+        IdentityHasher(0)
+    }
+}
+
+/// A hashring point whose position was computed beforehand (xxh3 of a
+/// label); with [`IdentityBuild`] hashring puts it exactly there.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct PlacedVNode {
+    position: u64,
+    node: u32,
+}
+
+impl Hash for PlacedVNode {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.position);
+    }
+}
+
+fn placed_hashring(n: usize) -> HashRing<PlacedVNode, IdentityBuild> {
+    let mut ring = HashRing::with_hasher(IdentityBuild);
+    ring.batch_add(
+        (0..n as u32)
+            .flat_map(|node| {
+                (0..VNODES).map(move |r| PlacedVNode {
+                    position: KeyHasher::Xxh3.hash(format!("node-{node}-{r}").as_bytes()),
+                    node,
+                })
+            })
+            .collect(),
+    );
+    ring
+}
+
+/// consistent_hash's `RingHash` for precomputed keys: points are hashed with
+/// xxh3, a `u64` key is taken as it is.
+#[derive(Clone, Copy, Debug)]
+struct PrehashedRingHash;
+
+impl RingHash for PrehashedRingHash {
+    fn hash_item<T: Hash>(&self, item: &T) -> u64 {
+        let mut h = IdentityHasher::default();
+        item.hash(&mut h);
+        h.finish()
+    }
+
+    fn hash_vnode<K: Hash>(&self, node_key: &K, vnode_seq: usize) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        (node_key, vnode_seq).hash(&mut h);
+        h.finish()
+    }
+}
+
+/// maglev hashes `(seed, key)` with its `BuildHasher`, for the node
+/// permutations as well as for lookups, so an identity hasher would collapse
+/// the permutations; this one folds the words in with one multiply each.
+#[derive(Clone, Copy, Debug, Default)]
+struct FoldHasher(u64);
+
+impl Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct FoldBuild;
+
+impl BuildHasher for FoldBuild {
+    type Hasher = FoldHasher;
+
+    fn build_hasher(&self) -> FoldHasher {
+        FoldHasher(0)
+    }
+}
+
+fn lookup_with_hash(c: &mut Criterion) {
+    let keys = keys();
+    for n in SIZES {
+        let mut group = c.benchmark_group(format!("lookup_with_hash/{n}"));
+
+        let ring = chash_ring(n);
+        assert!(keys.iter().all(|k| ring.locate(k.as_bytes()).is_some()));
+        group.bench_function("chash", |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                let key = &keys[i & KEY_MASK];
+                i = i.wrapping_add(1);
+                ring.locate(black_box(key.as_bytes()))
+            })
+        });
+        drop(ring);
+
+        let ring = hashring_ring(n);
+        assert!(ring.get(&keys[0]).is_some());
+        group.bench_function("hashring", |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                let key = &keys[i & KEY_MASK];
+                i = i.wrapping_add(1);
+                ring.get(black_box(key)).map(|v| v.node)
+            })
+        });
+        drop(ring);
+
+        let ring = Continuum::new(&ketama_buckets(n));
+        assert!(ring.node(keys[0].as_bytes()).is_some());
+        group.bench_function("pingora-ketama", |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                let key = &keys[i & KEY_MASK];
+                i = i.wrapping_add(1);
+                ring.node(black_box(key.as_bytes()))
+            })
+        });
+        drop(ring);
+
+        // Its only lookup is the candidate iterator; the first `next()`
+        // inserts into a splay-tree set, so each lookup allocates once.
+        let ring = StaticHashRing::new(consistent_hash::DefaultHash, consistent_hash_nodes(n));
+        assert_eq!(ring.len(), n * VNODES as usize);
+        group.bench_function("consistent_hash", |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                let key = &keys[i & KEY_MASK];
+                i = i.wrapping_add(1);
+                ring.calc_candidates(black_box(key)).next().map(|node| node.key)
+            })
+        });
+        drop(ring);
+
+        group.finish();
+    }
+}
+
+fn lookup_from_u64(c: &mut Criterion) {
+    let hashes: Vec<u64> = keys().iter().map(|k| KeyHasher::Xxh3.hash(k.as_bytes())).collect();
+    for n in SIZES {
+        let mut group = c.benchmark_group(format!("lookup_from_u64/{n}"));
+
+        let ring = chash_ring(n);
+        group.bench_function("chash", |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                let h = hashes[i & KEY_MASK];
+                i = i.wrapping_add(1);
+                ring.locate_hash(black_box(h))
+            })
+        });
+        drop(ring);
+
+        // hashring has no call taking a hash; with `with_hasher` and an
+        // identity hasher its `get(&u64)` searches for the u64 as it is.
+        let ring = placed_hashring(n);
+        assert_eq!(ring.len(), n * VNODES as usize);
+        group.bench_function("hashring/identity_hasher", |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                let h = hashes[i & KEY_MASK];
+                i = i.wrapping_add(1);
+                ring.get(&black_box(h)).map(|v| v.node)
+            })
+        });
+        drop(ring);
+
+        // Same for consistent_hash through a custom `RingHash` (points by
+        // xxh3); the lookup still allocates once (see `lookup_with_hash`).
+        let ring = StaticHashRing::new(PrehashedRingHash, consistent_hash_nodes(n));
+        group.bench_function("consistent_hash/identity_hasher", |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                let h = hashes[i & KEY_MASK];
+                i = i.wrapping_add(1);
+                ring.calc_candidates(&black_box(h)).next().map(|node| node.key)
+            })
+        });
+        drop(ring);
+
+        // pingora-ketama: skipped, `Continuum::node`/`node_idx` take key
+        // bytes and CRC32 them; the ring search on a u32 is private.
+
+        // Reference points, not point rings:
+        // jump consistent hash (no table at all, O(ln n) loop) on the u64.
+        let jump = jumphash::CustomJumpHasher::new(IdentityHasher::default());
+        let slots = n as u32;
+        assert!(jump.slot(&hashes[0], slots) < slots);
+        group.bench_function("jumphash/slot", |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                let h = hashes[i & KEY_MASK];
+                i = i.wrapping_add(1);
+                jump.slot(&black_box(h), slots)
+            })
+        });
+
+        // AnchorHash with every bucket working (capacity = n); uses the low
+        // 32 bits of the hash, then maps bucket to resource in a HashMap.
+        let anchor: anchorhash::AnchorHash<u64, u32, IdentityBuild> =
+            anchorhash::Builder::with_hasher(IdentityBuild).with_resources(0..n as u32).build(n as u16);
+        assert!(anchor.get_resource(hashes[0]).is_some());
+        group.bench_function("anchorhash/get_resource", |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                let h = hashes[i & KEY_MASK];
+                i = i.wrapping_add(1);
+                anchor.get_resource(black_box(h)).copied()
+            })
+        });
+        drop(anchor);
+
+        // Maglev with its default table size (smallest prime >= 100 n); its
+        // hasher folds (seed, u64) with two multiplies, then `% table size`.
+        let maglev = maglev::Maglev::with_hasher(0..n as u32, FoldBuild);
+        assert!(maglev::ConsistentHasher::get(&maglev, &hashes[0]).is_some());
+        group.bench_function("maglev/get", |b| {
+            let mut i = 0usize;
+            b.iter(|| {
+                let h = hashes[i & KEY_MASK];
+                i = i.wrapping_add(1);
+                maglev::ConsistentHasher::get(&maglev, &black_box(h)).copied()
+            })
+        });
+        drop(maglev);
+
+        group.finish();
+    }
+}
+
+fn hash_only(c: &mut Criterion) {
+    let keys = keys();
+    let mut group = c.benchmark_group("hash_only");
+    group.bench_function("xxh3", |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            let key = &keys[i & KEY_MASK];
+            i = i.wrapping_add(1);
+            KeyHasher::Xxh3.hash(black_box(key.as_bytes()))
+        })
+    });
+    // pingora-ketama's key hash, for scale.
+    group.bench_function("crc32fast", |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            let key = &keys[i & KEY_MASK];
+            i = i.wrapping_add(1);
+            crc32fast::hash(black_box(key.as_bytes()))
+        })
+    });
+    group.finish();
+}
+
+/// Settings for the groups whose iterations take milliseconds.
+fn slow_group<'a>(c: &'a mut Criterion, name: &str) -> criterion::BenchmarkGroup<'a, criterion::measurement::WallTime> {
+    let mut group = c.benchmark_group(name);
+    group.sampling_mode(SamplingMode::Flat).sample_size(30).measurement_time(Duration::from_secs(3));
+    group
+}
+
+fn build(c: &mut Criterion) {
+    const N: usize = 1000;
+    let mut group = slow_group(c, &format!("build/{N}"));
+
+    let nodes = chash_nodes(N);
+    group.bench_function("chash", |b| {
+        b.iter_batched(
+            || nodes.clone(),
+            |nodes| Ring::builder().vnodes(VNODES).build(black_box(nodes)).unwrap(),
+            BatchSize::LargeInput,
+        )
+    });
+
+    let buckets = ketama_buckets(N);
+    group.bench_function("pingora-ketama", |b| b.iter(|| Continuum::new(black_box(&buckets))));
+
+    // One `batch_add` (one sort): hashring's `add` re-sorts the whole ring
+    // on every call, which is far slower for 160,000 vnodes.
+    let vnodes = hashring_vnodes(N);
+    group.bench_function("hashring/batch_add", |b| {
+        b.iter_batched(
+            || vnodes.clone(),
+            |vnodes| {
+                let mut ring = HashRing::new();
+                ring.batch_add(black_box(vnodes));
+                ring
+            },
+            BatchSize::LargeInput,
+        )
+    });
+
+    group.finish();
+}
+
+fn add_node(c: &mut Criterion) {
+    const N: usize = 1000;
+    let mut group = slow_group(c, &format!("add_node/{N}"));
+
+    // A new snapshot; the old ring stays usable.
+    let ring = chash_ring(N);
+    group.bench_function("chash/with_node", |b| {
+        b.iter(|| black_box(&ring).with_node(Node::new(format!("node-{N}"), 1).unwrap()).unwrap())
+    });
+    drop(ring);
+
+    // hashring mutates in place: the clone is made outside the timing for
+    // `batch_add_in_place`, inside it for the snapshot-equivalent.
+    let ring = hashring_ring(N);
+    let added: Vec<VNode> = (0..VNODES).map(|replica| VNode { node: N as u32, replica }).collect();
+    group.bench_function("hashring/batch_add_in_place", |b| {
+        b.iter_batched(
+            || (ring.clone(), added.clone()),
+            |(mut ring, added)| {
+                ring.batch_add(black_box(added));
+                ring
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    group.bench_function("hashring/clone_then_batch_add", |b| {
+        b.iter_batched(
+            || added.clone(),
+            |added| {
+                let mut ring = black_box(&ring).clone();
+                ring.batch_add(added);
+                ring
+            },
+            BatchSize::LargeInput,
+        )
+    });
+    drop(ring);
+
+    // No incremental API: a new Continuum over all 1001 buckets.
+    let buckets = ketama_buckets(N + 1);
+    group.bench_function("pingora-ketama/rebuild", |b| b.iter(|| Continuum::new(black_box(&buckets))));
+
+    group.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500))
+        .configure_from_args();
+    lookup_with_hash(&mut c);
+    lookup_from_u64(&mut c);
+    hash_only(&mut c);
+    build(&mut c);
+    add_node(&mut c);
+    c.final_summary();
+}
