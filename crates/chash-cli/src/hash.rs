@@ -35,7 +35,7 @@ pub fn run(args: HashArgs) -> Result<()> {
     let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
     for_each_key(&args.keys, |key| {
         out.write_all(key)?;
-        writeln!(out, "\t{}", args.hasher.hash(key))
+        writeln!(out, "\t{}", args.hasher.value(key))
     })?;
     out.flush()?;
     Ok(())

@@ -75,7 +75,7 @@ fn pool(args: &RouteArgs) -> Result<Pool> {
     if let Some(path) = &args.config {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let config = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
-        return config.pool(args.pool.as_deref()).with_context(|| path.display().to_string()).map_err(Into::into);
+        return config.pool(args.pool.as_deref()).with_context(|| path.display().to_string());
     }
     if args.node.is_empty() {
         bail!("no servers: give -c FILE, or one or more --node SERVERLINE (see chash route --help)");

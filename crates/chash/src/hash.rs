@@ -47,6 +47,28 @@ pub enum KeyHasher {
     Fnv1_32,
     /// twemproxy's `fnv1a_32` over sign-extended bytes.
     Fnv1a32,
+    /// twemproxy's `one_at_a_time` (Jenkins) over sign-extended bytes.
+    OneAtATime,
+    /// twemproxy's `crc16` (CRC-16/ARC: reflected polynomial 0xA001, initial 0).
+    Crc16,
+    /// twemproxy's `hsieh` (Paul Hsieh's SuperFastHash, little-endian reads).
+    Hsieh,
+    /// twemproxy's `murmur` (MurmurHash2, seed `0xdeadbeef × length`).
+    Murmur,
+    /// twemproxy's `jenkins` (lookup3 `hashlittle`, initial value 13).
+    Jenkins,
+    /// Seeds 001/004: Java FNV1_32_HASH over UTF-16 code units, mixing after
+    /// the loop, then `Math.abs`; ordered as Java's signed `int`.
+    JavaFnv1_32,
+    /// Seed 001's first program: the same with the mixing inside the loop.
+    JavaFnv1_32InLoop,
+    /// Seed 002: `new BigInteger(1, md5(utf8)).intValue() & 0x7fffffff`.
+    JavaMd5Int31,
+    /// Seed 003: MurmurHash64A over UTF-8 bytes, seed `0x1234ABCD`, as Java's
+    /// signed `long` (and ordered as one).
+    JavaMurmur64a,
+    /// Seed 000: the four little-endian `u32` words of MD5 added as a 64-bit integer.
+    Md5Sum,
 }
 
 const FNV_64_INIT: u64 = 0xcbf2_9ce4_8422_2325;
@@ -71,6 +93,16 @@ impl KeyHasher {
         KeyHasher::Fnv1a64,
         KeyHasher::Fnv1_32,
         KeyHasher::Fnv1a32,
+        KeyHasher::OneAtATime,
+        KeyHasher::Crc16,
+        KeyHasher::Hsieh,
+        KeyHasher::Murmur,
+        KeyHasher::Jenkins,
+        KeyHasher::JavaFnv1_32,
+        KeyHasher::JavaFnv1_32InLoop,
+        KeyHasher::JavaMd5Int31,
+        KeyHasher::JavaMurmur64a,
+        KeyHasher::Md5Sum,
     ];
 
     /// The name used in config files and on the command line.
@@ -84,6 +116,16 @@ impl KeyHasher {
             KeyHasher::Fnv1a64 => "fnv1a_64",
             KeyHasher::Fnv1_32 => "fnv1_32",
             KeyHasher::Fnv1a32 => "fnv1a_32",
+            KeyHasher::OneAtATime => "one_at_a_time",
+            KeyHasher::Crc16 => "crc16",
+            KeyHasher::Hsieh => "hsieh",
+            KeyHasher::Murmur => "murmur",
+            KeyHasher::Jenkins => "jenkins",
+            KeyHasher::JavaFnv1_32 => "java-fnv1-32",
+            KeyHasher::JavaFnv1_32InLoop => "java-fnv1-32-inloop",
+            KeyHasher::JavaMd5Int31 => "java-md5-int31",
+            KeyHasher::JavaMurmur64a => "java-murmur64a",
+            KeyHasher::Md5Sum => "md5-sum",
         }
     }
 
@@ -92,16 +134,42 @@ impl KeyHasher {
         Self::ALL.iter().map(|h| h.name()).collect::<Vec<_>>().join(", ")
     }
 
-    /// Width of the output: every value is below `2^bits()`.
+    /// Width of the hash space: every position is below `2^bits()`.
     pub const fn bits(self) -> u32 {
         match self {
-            KeyHasher::Xxh3 => 64,
+            KeyHasher::Xxh3 | KeyHasher::JavaMurmur64a => 64,
             KeyHasher::Crc32 => 15,
+            KeyHasher::Crc16 => 16,
+            KeyHasher::JavaMd5Int31 => 31,
+            KeyHasher::Md5Sum => 34,
             _ => 32,
         }
     }
 
-    /// Hashes `key`.
+    /// Whether the original program compares values as signed integers (Java's
+    /// `TreeMap<Integer>` / `TreeMap<Long>`). Positions then are the value with
+    /// its sign bit flipped, which keeps Java's order on an unsigned ring.
+    pub const fn signed(self) -> bool {
+        matches!(self, KeyHasher::JavaFnv1_32 | KeyHasher::JavaFnv1_32InLoop | KeyHasher::JavaMurmur64a)
+    }
+
+    /// The value as the original program prints it (Java's negative `int`s and
+    /// `long`s included).
+    pub fn value(self, key: &[u8]) -> i128 {
+        self.value_of_position(self.hash(key))
+    }
+
+    /// Turns a ring position back into the value the original program prints.
+    pub fn value_of_position(self, pos: u64) -> i128 {
+        match self {
+            KeyHasher::JavaFnv1_32 | KeyHasher::JavaFnv1_32InLoop => i128::from((pos as u32 ^ 0x8000_0000) as i32),
+            KeyHasher::JavaMurmur64a => i128::from((pos ^ (1 << 63)) as i64),
+            _ => i128::from(pos),
+        }
+    }
+
+    /// The position on the ring of `key`: its hash value, below `2^bits()`,
+    /// in the order the original program sorts values.
     #[inline]
     pub fn hash(self, key: &[u8]) -> u64 {
         match self {
@@ -146,8 +214,249 @@ impl KeyHasher {
                 }
                 u64::from(h)
             }
+            KeyHasher::OneAtATime => u64::from(one_at_a_time(key)),
+            KeyHasher::Crc16 => u64::from(crc16(key)),
+            KeyHasher::Hsieh => u64::from(hsieh(key)),
+            KeyHasher::Murmur => u64::from(murmur2(key)),
+            KeyHasher::Jenkins => u64::from(jenkins(key)),
+            KeyHasher::JavaFnv1_32 => u64::from(java_abs(java_fnv1_32(key, false)) as u32 ^ 0x8000_0000),
+            KeyHasher::JavaFnv1_32InLoop => u64::from(java_abs(java_fnv1_32(key, true)) as u32 ^ 0x8000_0000),
+            KeyHasher::JavaMd5Int31 => {
+                let d = Md5::digest(key);
+                // BigInteger(1, digest).intValue(): the low 32 bits of the
+                // big-endian number, i.e. the last four bytes.
+                u64::from(u32::from_be_bytes([d[12], d[13], d[14], d[15]]) & 0x7fff_ffff)
+            }
+            KeyHasher::JavaMurmur64a => murmur64a(key, 0x1234_abcd) ^ (1 << 63),
+            KeyHasher::Md5Sum => {
+                let d = Md5::digest(key);
+                d.chunks_exact(4).map(|w| u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))).sum()
+            }
         }
     }
+}
+
+/// Java's `Math.abs(int)`: `Integer.MIN_VALUE` stays negative.
+fn java_abs(v: i32) -> i32 {
+    v.wrapping_abs()
+}
+
+/// FNV1_32_HASH as the seeds' Java code writes it, over the UTF-16 code units
+/// of the key decoded as UTF-8 (malformed bytes become U+FFFD, as Java's
+/// decoder does), with Java's arithmetic (`>>` is arithmetic on `int`).
+fn java_fnv1_32(key: &[u8], in_loop: bool) -> i32 {
+    let text = String::from_utf8_lossy(key);
+    let mut h = 0x811c_9dc5u32 as i32;
+    for unit in text.encode_utf16() {
+        h = (h ^ i32::from(unit)).wrapping_mul(16_777_619);
+        if in_loop {
+            // Seed 001's first program: four steps, inside the loop.
+            h = h.wrapping_add(h << 13);
+            h ^= h >> 7;
+            h ^= h >> 17;
+            h = h.wrapping_add(h << 5);
+        }
+    }
+    if !in_loop {
+        h = h.wrapping_add(h << 13);
+        h ^= h >> 7;
+        h = h.wrapping_add(h << 3);
+        h ^= h >> 17;
+        h = h.wrapping_add(h << 5);
+    }
+    h
+}
+
+/// MurmurHash64A as seed 003's Java code computes it: little-endian 8-byte
+/// blocks, the tail zero-padded and mixed in as one block. Returned as the
+/// bits of Java's `long`.
+fn murmur64a(key: &[u8], seed: u32) -> u64 {
+    const M: u64 = 0xc6a4_a793_5bd1_e995;
+    const R: u32 = 47;
+    let mut h = u64::from(seed) ^ (key.len() as u64).wrapping_mul(M);
+    let mut blocks = key.chunks_exact(8);
+    for b in &mut blocks {
+        let mut k = u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h ^= k;
+        h = h.wrapping_mul(M);
+    }
+    let tail = blocks.remainder();
+    if !tail.is_empty() {
+        let mut last = [0u8; 8];
+        last[..tail.len()].copy_from_slice(tail);
+        h ^= u64::from_le_bytes(last);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> R;
+    h = h.wrapping_mul(M);
+    h ^= h >> R;
+    h
+}
+
+fn one_at_a_time(key: &[u8]) -> u32 {
+    let mut v = 0u32;
+    for &b in key {
+        v = v.wrapping_add(sign_extended(b) as u32);
+        v = v.wrapping_add(v << 10);
+        v ^= v >> 6;
+    }
+    v = v.wrapping_add(v << 3);
+    v ^= v >> 11;
+    v.wrapping_add(v << 15)
+}
+
+/// CRC-16/ARC lookup table (reflected polynomial 0xA001).
+const CRC16_TABLE: [u16; 256] = {
+    let mut t = [0u16; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u16;
+        let mut j = 0;
+        while j < 8 {
+            c = if c & 1 != 0 { (c >> 1) ^ 0xa001 } else { c >> 1 };
+            j += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
+fn crc16(key: &[u8]) -> u16 {
+    key.iter().fold(0u16, |crc, &b| (crc >> 8) ^ CRC16_TABLE[usize::from((crc ^ u16::from(b)) & 0xff)])
+}
+
+fn hsieh(key: &[u8]) -> u32 {
+    if key.is_empty() {
+        return 0;
+    }
+    let get16 = |d: &[u8]| u32::from(d[0]) | (u32::from(d[1]) << 8);
+    let mut h = 0u32;
+    let mut chunks = key.chunks_exact(4);
+    for c in &mut chunks {
+        h = h.wrapping_add(get16(c));
+        let tmp = (get16(&c[2..]) << 11) ^ h;
+        h = (h << 16) ^ tmp;
+        h = h.wrapping_add(h >> 11);
+    }
+    let rest = chunks.remainder();
+    match rest.len() {
+        3 => {
+            h = h.wrapping_add(get16(rest));
+            h ^= h << 16;
+            // The C code reads this byte as a signed char.
+            h ^= (sign_extended(rest[2]) as u32) << 18;
+            h = h.wrapping_add(h >> 11);
+        }
+        2 => {
+            h = h.wrapping_add(get16(rest));
+            h ^= h << 11;
+            h = h.wrapping_add(h >> 17);
+        }
+        1 => {
+            h = h.wrapping_add(u32::from(rest[0]));
+            h ^= h << 10;
+            h = h.wrapping_add(h >> 1);
+        }
+        _ => {}
+    }
+    h ^= h << 3;
+    h = h.wrapping_add(h >> 5);
+    h ^= h << 4;
+    h = h.wrapping_add(h >> 17);
+    h ^= h << 25;
+    h.wrapping_add(h >> 6)
+}
+
+fn murmur2(key: &[u8]) -> u32 {
+    const M: u32 = 0x5bd1_e995;
+    let len = key.len() as u32;
+    let mut h = 0xdead_beefu32.wrapping_mul(len) ^ len;
+    let mut blocks = key.chunks_exact(4);
+    for b in &mut blocks {
+        let mut k = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> 24;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let tail = blocks.remainder();
+    if !tail.is_empty() {
+        for (i, &b) in tail.iter().enumerate().rev() {
+            h ^= u32::from(b) << (8 * i);
+        }
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^ (h >> 15)
+}
+
+/// Bob Jenkins' lookup3 `hashlittle` with initial value 13, as twemproxy
+/// uses it (every read path gives the little-endian byte interpretation).
+fn jenkins(key: &[u8]) -> u32 {
+    let mut a = 0xdead_beefu32.wrapping_add(key.len() as u32).wrapping_add(13);
+    let (mut b, mut c) = (a, a);
+    if key.is_empty() {
+        return c;
+    }
+    let word = |d: &[u8]| {
+        let mut w = [0u8; 4];
+        w[..d.len()].copy_from_slice(d);
+        u32::from_le_bytes(w)
+    };
+    let mut rest = key;
+    while rest.len() > 12 {
+        a = a.wrapping_add(word(&rest[0..4]));
+        b = b.wrapping_add(word(&rest[4..8]));
+        c = c.wrapping_add(word(&rest[8..12]));
+        // mix(a, b, c)
+        a = a.wrapping_sub(c);
+        a ^= c.rotate_left(4);
+        c = c.wrapping_add(b);
+        b = b.wrapping_sub(a);
+        b ^= a.rotate_left(6);
+        a = a.wrapping_add(c);
+        c = c.wrapping_sub(b);
+        c ^= b.rotate_left(8);
+        b = b.wrapping_add(a);
+        a = a.wrapping_sub(c);
+        a ^= c.rotate_left(16);
+        c = c.wrapping_add(b);
+        b = b.wrapping_sub(a);
+        b ^= a.rotate_left(19);
+        a = a.wrapping_add(c);
+        c = c.wrapping_sub(b);
+        c ^= b.rotate_left(4);
+        b = b.wrapping_add(a);
+        rest = &rest[12..];
+    }
+    a = a.wrapping_add(word(&rest[..rest.len().min(4)]));
+    if rest.len() > 4 {
+        b = b.wrapping_add(word(&rest[4..rest.len().min(8)]));
+    }
+    if rest.len() > 8 {
+        c = c.wrapping_add(word(&rest[8..]));
+    }
+    // final(a, b, c)
+    c ^= b;
+    c = c.wrapping_sub(b.rotate_left(14));
+    a ^= c;
+    a = a.wrapping_sub(c.rotate_left(11));
+    b ^= a;
+    b = b.wrapping_sub(a.rotate_left(25));
+    c ^= b;
+    c = c.wrapping_sub(b.rotate_left(16));
+    a ^= c;
+    a = a.wrapping_sub(c.rotate_left(4));
+    b ^= a;
+    b = b.wrapping_sub(a.rotate_left(14));
+    c ^= b;
+    c.wrapping_sub(b.rotate_left(24))
 }
 
 impl fmt::Display for KeyHasher {
@@ -253,5 +562,49 @@ mod tests {
         assert_eq!(tagged(b"a{b}{c}", t), b"b");
         assert_eq!(tagged(b"$$abc$$", Some(*b"$$")), b"$$abc$$");
         assert_eq!(tagged(b"$abc$", Some(*b"$$")), b"abc");
+    }
+}
+
+#[cfg(test)]
+mod seed_tests {
+    use super::*;
+
+    /// Values printed by the seeds' own runs (seed 001 and 003).
+    #[test]
+    fn java_hashes_reproduce_the_seeds() {
+        let v = |h: KeyHasher, k: &str| h.value(k.as_bytes());
+        // Seed 001, program without virtual nodes (mixing inside the loop).
+        let inloop = KeyHasher::JavaFnv1_32InLoop;
+        assert_eq!(v(inloop, "192.168.0.112:1000"), 481_136_787);
+        assert_eq!(v(inloop, "192.168.0.112:1004"), 2_131_030_089);
+        assert_eq!(v(inloop, "太阳"), 606_807_096);
+        assert_eq!(v(inloop, "月亮"), 244_383_856);
+        assert_eq!(v(inloop, "星星"), 1_233_020_469);
+        // Seed 001, program with virtual nodes (mixing after the loop).
+        let post = KeyHasher::JavaFnv1_32;
+        assert_eq!(v(post, "192.168.0.112:1000&&VN0"), 426_605_410);
+        assert_eq!(v(post, "192.168.0.112:1004&&VN4"), 1_405_901_184);
+        assert_eq!(v(post, "太阳"), 1_977_106_057);
+        assert_eq!(v(post, "月亮"), 1_132_637_661);
+        assert_eq!(v(post, "星星"), 880_019_273);
+        // Seed 003 (MurmurHash64A, signed long). The seed writes its keys in
+        // traditional characters (號客戶端); its printed hashes are of those.
+        let m = KeyHasher::JavaMurmur64a;
+        assert_eq!(v(m, "1111號客戶端"), -5_471_088_278_396_709_594);
+        assert_eq!(v(m, "1114號客戶端"), 5_327_220_965_487_432_534);
+        assert_eq!(v(m, "1119號客戶端"), 4_250_876_462_402_385_736);
+    }
+
+    #[test]
+    fn signed_order_is_kept_on_the_ring() {
+        let m = KeyHasher::JavaMurmur64a;
+        let (a, b) = (m.hash("1111號客戶端".as_bytes()), m.hash("1114號客戶端".as_bytes()));
+        assert!(a < b, "a negative long sorts before a positive one");
+        assert_eq!(KeyHasher::JavaFnv1_32.value_of_position(0), i128::from(i32::MIN));
+    }
+
+    #[test]
+    fn crc16_is_arc() {
+        assert_eq!(KeyHasher::Crc16.hash(b"123456789"), 0xbb3d);
     }
 }

@@ -18,6 +18,35 @@
 
 use std::cmp::Ordering;
 
+/// An owner index stored per point: `u16` while there are at most 65,536
+/// nodes, else `u32`.
+trait OwnerInt: Copy + Default + Eq + Send + Sync + 'static {
+    fn from_index(i: usize) -> Self;
+    fn index(self) -> usize;
+}
+
+impl OwnerInt for u16 {
+    #[inline]
+    fn from_index(i: usize) -> Self {
+        i as u16
+    }
+    #[inline]
+    fn index(self) -> usize {
+        usize::from(self)
+    }
+}
+
+impl OwnerInt for u32 {
+    #[inline]
+    fn from_index(i: usize) -> Self {
+        i as u32
+    }
+    #[inline]
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Node index per point, as narrow as the node count allows.
 #[derive(Clone, Debug)]
 enum Owners {
@@ -25,15 +54,9 @@ enum Owners {
     Wide(Vec<u32>),
 }
 
-impl Owners {
-    fn collect(node_count: usize, owners: impl Iterator<Item = u32>) -> Owners {
-        if node_count <= 1 << 16 {
-            Owners::Narrow(owners.map(|o| o as u16).collect())
-        } else {
-            Owners::Wide(owners.collect())
-        }
-    }
+const NARROW_LIMIT: usize = 1 << 16;
 
+impl Owners {
     #[inline]
     fn get(&self, pos: usize) -> usize {
         match self {
@@ -48,6 +71,14 @@ impl Owners {
             Owners::Wide(v) => v.capacity() * 4,
         }
     }
+
+    /// These owners, wide enough for `node_count` nodes.
+    fn widened(&self, node_count: usize) -> Owners {
+        match self {
+            Owners::Narrow(v) if node_count > NARROW_LIMIT => Owners::Wide(v.iter().map(|&o| u32::from(o)).collect()),
+            other => other.clone(),
+        }
+    }
 }
 
 /// The sorted points of a ring and their bucket index.
@@ -60,7 +91,7 @@ pub(crate) struct Points {
     bits: u32,
 }
 
-/// `(hash, owner)` before sorting.
+/// `(hash, owner)` of one point.
 pub(crate) type RawPoint = (u64, u32);
 
 /// Index width for `n` points in a `bits`-wide space: `2^k` buckets with
@@ -70,86 +101,199 @@ fn index_bits(n: usize, bits: u32) -> u32 {
     log2.saturating_sub(1).clamp(1, bits)
 }
 
+/// Sorts `hashes`/`owners` (the same length) by (hash, rank[owner]) with an
+/// insertion sort: buckets hold a handful of points.
+fn sort_bucket<O: OwnerInt>(hashes: &mut [u64], owners: &mut [O], rank: &[u32]) {
+    for i in 1..hashes.len() {
+        let (h, o) = (hashes[i], owners[i]);
+        let mut j = i;
+        while j > 0 && (hashes[j - 1], rank[owners[j - 1].index()]) > (h, rank[o.index()]) {
+            hashes[j] = hashes[j - 1];
+            owners[j] = owners[j - 1];
+            j -= 1;
+        }
+        hashes[j] = h;
+        owners[j] = o;
+    }
+}
+
+/// Counting sort of points into buckets, then a small sort per bucket.
+/// `raw` holds the point hashes grouped by owner: `counts[o]` for owner `o`.
+fn scatter<O: OwnerInt>(raw: &[u64], counts: &[usize], index: &[u32], shift: u32, rank: &[u32]) -> (Vec<u64>, Vec<O>) {
+    let buckets = index.len() - 1;
+    let mut next: Vec<u32> = index[..buckets].to_vec();
+    let mut hashes = vec![0u64; raw.len()];
+    let mut owners = vec![O::default(); raw.len()];
+    let mut start = 0;
+    for (o, &count) in counts.iter().enumerate() {
+        let owner = O::from_index(o);
+        for &h in &raw[start..start + count] {
+            let slot = &mut next[(h >> shift) as usize];
+            hashes[*slot as usize] = h;
+            owners[*slot as usize] = owner;
+            *slot += 1;
+        }
+        start += count;
+    }
+    for b in 0..buckets {
+        let (s, e) = (index[b] as usize, index[b + 1] as usize);
+        if e - s > 1 {
+            sort_bucket(&mut hashes[s..e], &mut owners[s..e], rank);
+        }
+    }
+    (hashes, owners)
+}
+
+/// Position in `hashes`/`owners` where `p` goes: after every point that
+/// orders before or equal to it.
+fn insertion_point<O: OwnerInt>(hashes: &[u64], owners: &[O], p: RawPoint, rank: &[u32], from: usize) -> usize {
+    let key = (p.0, rank[p.1 as usize]);
+    let (mut lo, mut hi) = (from, hashes.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if (hashes[mid], rank[owners[mid].index()]) <= key {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// `hashes`/`owners` with `added` (sorted) merged in: one binary search and
+/// one block copy per added point.
+fn merge_into<O: OwnerInt>(hashes: &[u64], owners: &[O], added: &[RawPoint], rank: &[u32]) -> (Vec<u64>, Vec<O>) {
+    let total = hashes.len() + added.len();
+    let mut out_h = Vec::with_capacity(total);
+    let mut out_o = Vec::with_capacity(total);
+    let mut from = 0;
+    for &p in added {
+        let at = insertion_point(hashes, owners, p, rank, from);
+        out_h.extend_from_slice(&hashes[from..at]);
+        out_o.extend_from_slice(&owners[from..at]);
+        out_h.push(p.0);
+        out_o.push(O::from_index(p.1 as usize));
+        from = at;
+    }
+    out_h.extend_from_slice(&hashes[from..]);
+    out_o.extend_from_slice(&owners[from..]);
+    (out_h, out_o)
+}
+
+/// `hashes`/`owners` without the points in `removed` (sorted), renumbering
+/// owners with `renumber`. Points of `removed` that are absent are skipped.
+fn remove_from<O: OwnerInt>(
+    hashes: &[u64],
+    owners: &[O],
+    removed: &[RawPoint],
+    rank: &[u32],
+    renumber: impl Fn(O) -> O,
+) -> (Vec<u64>, Vec<O>) {
+    let mut out_h = Vec::with_capacity(hashes.len().saturating_sub(removed.len()));
+    let mut out_o = Vec::with_capacity(out_h.capacity());
+    let mut from = 0;
+    for &p in removed {
+        // If present, the point is the last one ordering <= p.
+        let at = insertion_point(hashes, owners, p, rank, from);
+        if at == from || hashes[at - 1] != p.0 || owners[at - 1].index() != p.1 as usize {
+            continue;
+        }
+        out_h.extend_from_slice(&hashes[from..at - 1]);
+        out_o.extend_from_slice(&owners[from..at - 1]);
+        from = at;
+    }
+    out_h.extend_from_slice(&hashes[from..]);
+    out_o.extend_from_slice(&owners[from..]);
+    for o in &mut out_o {
+        *o = renumber(*o);
+    }
+    (out_h, out_o)
+}
+
 impl Points {
-    /// Sorts `raw` (hash, owner) pairs into a point set. `rank[owner]` orders
-    /// equal hashes (the owner's position among the nodes sorted by id).
-    pub(crate) fn build(bits: u32, node_count: usize, mut raw: Vec<RawPoint>, rank: &[u32]) -> Points {
+    /// Sorts points into a point set. `raw` holds each owner's point hashes
+    /// in owner order (`counts[o]` for owner `o`); `rank[owner]` orders equal
+    /// hashes (the owner's position in the tie order).
+    pub(crate) fn build(bits: u32, raw: &[u64], counts: &[usize], rank: &[u32]) -> Points {
         // Counting sort on the index bucket, then a small sort inside each
         // bucket: linear time, and the bucket offsets are the index itself.
         let k = index_bits(raw.len(), bits);
         let shift = bits - k;
         let buckets = 1usize << k;
         let mut index = vec![0u32; buckets + 1];
-        for &(h, _) in &raw {
+        for &h in raw {
             index[(h >> shift) as usize + 1] += 1;
         }
         for b in 0..buckets {
             index[b + 1] += index[b];
         }
-        let mut next: Vec<u32> = index[..buckets].to_vec();
-        let mut sorted: Vec<RawPoint> = vec![(0, 0); raw.len()];
-        for &(h, o) in &raw {
-            let slot = &mut next[(h >> shift) as usize];
-            sorted[*slot as usize] = (h, o);
-            *slot += 1;
-        }
-        raw.clear();
-        for b in 0..buckets {
-            let bucket = &mut sorted[index[b] as usize..index[b + 1] as usize];
-            if bucket.len() > 1 {
-                bucket.sort_unstable_by(|a, b| cmp_points(a, b, rank));
-            }
-        }
-        let hashes = sorted.iter().map(|p| p.0).collect();
-        let owners = Owners::collect(node_count, sorted.iter().map(|p| p.1));
+        let (hashes, owners) = if counts.len() <= NARROW_LIMIT {
+            let (h, o) = scatter::<u16>(raw, counts, &index, shift, rank);
+            (h, Owners::Narrow(o))
+        } else {
+            let (h, o) = scatter::<u32>(raw, counts, &index, shift, rank);
+            (h, Owners::Wide(o))
+        };
         Points { hashes, owners, index, shift, bits }
     }
 
     /// A new point set: these points plus `added` (sorted by [`cmp_points`]),
-    /// in one linear merge.
+    /// block-copied around one binary search per added point.
     pub(crate) fn merged(&self, node_count: usize, added: &[RawPoint], rank: &[u32]) -> Points {
-        let total = self.hashes.len() + added.len();
-        let mut hashes = Vec::with_capacity(total);
-        let mut owners = Vec::with_capacity(total);
-        let (mut i, mut j) = (0, 0);
-        while i < self.hashes.len() && j < added.len() {
-            let mine = (self.hashes[i], self.owners.get(i) as u32);
-            if cmp_points(&mine, &added[j], rank) != Ordering::Greater {
-                hashes.push(mine.0);
-                owners.push(mine.1);
-                i += 1;
-            } else {
-                hashes.push(added[j].0);
-                owners.push(added[j].1);
-                j += 1;
+        let (hashes, owners) = match self.owners.widened(node_count) {
+            Owners::Narrow(o) => {
+                let (h, o) = merge_into(&self.hashes, &o, added, rank);
+                (h, Owners::Narrow(o))
             }
-        }
-        for p in i..self.hashes.len() {
-            hashes.push(self.hashes[p]);
-            owners.push(self.owners.get(p) as u32);
-        }
-        for &(h, o) in &added[j..] {
-            hashes.push(h);
-            owners.push(o);
-        }
-        Points::from_sorted(self.bits, node_count, hashes, owners.into_iter())
+            Owners::Wide(o) => {
+                let (h, o) = merge_into(&self.hashes, &o, added, rank);
+                (h, Owners::Wide(o))
+            }
+        };
+        self.reindexed(hashes, owners, added, 1)
     }
 
-    /// A new point set keeping the points for which `keep(owner)` returns a new
-    /// owner index. The mapping must preserve the relative id order of owners.
-    pub(crate) fn filtered(&self, node_count: usize, keep: impl Fn(u32) -> Option<u32>) -> Points {
-        let mut hashes = Vec::with_capacity(self.hashes.len());
-        let mut owners = Vec::with_capacity(self.hashes.len());
-        for (pos, &h) in self.hashes.iter().enumerate() {
-            if let Some(o) = keep(self.owners.get(pos) as u32) {
-                hashes.push(h);
-                owners.push(o);
+    /// A new point set without `removed` (sorted by [`cmp_points`]), owners
+    /// renumbered by `renumber` (which must keep the tie order).
+    pub(crate) fn without(&self, removed: &[RawPoint], rank: &[u32], renumber: impl Fn(usize) -> usize) -> Points {
+        let (hashes, owners) = match &self.owners {
+            Owners::Narrow(o) => {
+                let (h, o) = remove_from(&self.hashes, o, removed, rank, |x| u16::from_index(renumber(x.index())));
+                (h, Owners::Narrow(o))
             }
-        }
-        Points::from_sorted(self.bits, node_count, hashes, owners.into_iter())
+            Owners::Wide(o) => {
+                let (h, o) = remove_from(&self.hashes, o, removed, rank, |x| u32::from_index(renumber(x.index())));
+                (h, Owners::Wide(o))
+            }
+        };
+        self.reindexed(hashes, owners, removed, -1)
     }
 
-    fn from_sorted(bits: u32, node_count: usize, hashes: Vec<u64>, owners: impl Iterator<Item = u32>) -> Points {
+    /// The index for new sorted arrays that differ from these by `changed`
+    /// points (added when `sign` is 1, removed when -1): shifted in one pass
+    /// over the buckets when the bucket count stays, rebuilt otherwise.
+    fn reindexed(&self, hashes: Vec<u64>, owners: Owners, changed: &[RawPoint], sign: i64) -> Points {
+        let k = index_bits(hashes.len(), self.bits);
+        let shift = self.bits - k;
+        // A removal of absent points changes fewer points than listed: rebuild then.
+        let expected = if sign > 0 { self.hashes.len() + changed.len() } else { self.hashes.len() - changed.len() };
+        if shift != self.shift || hashes.len() != expected {
+            return Points::with_fresh_index(self.bits, hashes, owners);
+        }
+        let mut index = Vec::with_capacity(self.index.len());
+        let mut before = 0i64; // changed points in buckets < b
+        let mut c = 0;
+        for (b, &old) in self.index.iter().enumerate() {
+            while c < changed.len() && ((changed[c].0 >> shift) as usize) < b {
+                before += 1;
+                c += 1;
+            }
+            index.push((i64::from(old) + sign * before) as u32);
+        }
+        Points { hashes, owners, index, shift, bits: self.bits }
+    }
+
+    fn with_fresh_index(bits: u32, hashes: Vec<u64>, owners: Owners) -> Points {
         let k = index_bits(hashes.len(), bits);
         let shift = bits - k;
         let buckets = 1usize << k;
@@ -161,7 +305,7 @@ impl Points {
             }
             index.push(pos as u32);
         }
-        Points { owners: Owners::collect(node_count, owners), hashes, index, shift, bits }
+        Points { hashes, owners, index, shift, bits }
     }
 
     /// Position of the first point `>= h`, wrapping to 0; `None` when empty.
@@ -268,9 +412,11 @@ mod tests {
     #[test]
     fn small_spaces_and_ties() {
         // 4-bit space with many equal hashes: ties go to the lower rank.
-        let raw: Vec<RawPoint> = vec![(3, 0), (3, 1), (9, 2), (15, 1), (0, 2), (9, 0)];
+        // Grouped by owner: node 0 has 3 and 9, node 1 has 3 and 15, node 2 has 9 and 0.
+        let raw: Vec<RawPoint> = vec![(3, 0), (9, 0), (3, 1), (15, 1), (9, 2), (0, 2)];
         let rank = [2, 0, 1]; // node 1 < node 2 < node 0 by id
-        let pts = Points::build(4, 3, raw.clone(), &rank);
+        let hashes: Vec<u64> = raw.iter().map(|p| p.0).collect();
+        let pts = Points::build(4, &hashes, &[2, 2, 2], &rank);
         let mut sorted = raw.clone();
         sorted.sort_by(|a, b| cmp_points(a, b, &rank));
         for h in 0..16 {
@@ -279,6 +425,19 @@ mod tests {
         }
         assert_eq!(pts.owner(pts.locate(3).unwrap()), 1);
         assert_eq!(pts.owner(pts.locate(9).unwrap()), 2);
-        assert!(Points::build(4, 0, vec![], &[]).locate(5).is_none());
+        assert!(Points::build(4, &[], &[], &[]).locate(5).is_none());
+        // Merging and removing give the same points as building.
+        let two = Points::build(4, &hashes[..4], &[2, 2], &rank);
+        let mut third = vec![(9, 2), (0, 2)];
+        third.sort_by(|a, b| cmp_points(a, b, &rank));
+        let merged = two.merged(3, &third, &rank);
+        assert_eq!(merged.hashes, pts.hashes);
+        assert_eq!(
+            (0..6).map(|i| merged.owner(i)).collect::<Vec<_>>(),
+            (0..6).map(|i| pts.owner(i)).collect::<Vec<_>>()
+        );
+        let back = merged.without(&third, &rank, |o| o);
+        assert_eq!(back.hashes, two.hashes);
+        assert_eq!(back.index, two.index);
     }
 }

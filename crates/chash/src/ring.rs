@@ -111,11 +111,14 @@ impl RingBuilder {
         check_point_count(&nodes, self.vnodes, 0)?;
         let rank = id_ranks(nodes.iter().map(Node::id));
         let mut raw = Vec::with_capacity(total_points(&nodes, self.vnodes) as usize);
+        let mut counts = Vec::with_capacity(nodes.len());
         let mut label = Vec::new();
-        for (i, node) in nodes.iter().enumerate() {
-            push_points(&mut raw, &mut label, self.hasher, node, i as u32, self.vnodes);
+        for node in &nodes {
+            let before = raw.len();
+            push_hashes(&mut raw, &mut label, self.hasher, node, self.vnodes);
+            counts.push(raw.len() - before);
         }
-        let points = Points::build(self.hasher.bits(), nodes.len(), raw, &rank);
+        let points = Points::build(self.hasher.bits(), &raw, &counts, &rank);
         Ok(Ring { nodes, rank, hasher: self.hasher, vnodes: self.vnodes, points })
     }
 }
@@ -132,15 +135,8 @@ fn check_point_count<T>(nodes: &[Node<T>], vnodes: u32, extra: u64) -> Result<()
     Ok(())
 }
 
-/// Appends the points of `node` (index `owner`) to `out`.
-fn push_points<T>(
-    out: &mut Vec<RawPoint>,
-    label: &mut Vec<u8>,
-    hasher: KeyHasher,
-    node: &Node<T>,
-    owner: u32,
-    vnodes: u32,
-) {
+/// Appends the point hashes of `node` to `out`, in vnode order.
+fn push_hashes<T>(out: &mut Vec<u64>, label: &mut Vec<u8>, hasher: KeyHasher, node: &Node<T>, vnodes: u32) {
     let id = node.id().as_bytes();
     label.clear();
     label.extend_from_slice(&(id.len() as u32).to_le_bytes());
@@ -150,8 +146,24 @@ fn push_points<T>(
     for i in 0..count as u32 {
         label.truncate(prefix);
         label.extend_from_slice(&i.to_le_bytes());
-        out.push((hasher.hash(label), owner));
+        out.push(hasher.hash(label));
     }
+}
+
+/// The points of `node` (index `owner`) from vnode `from` on, sorted in ring order.
+fn sorted_points<T>(
+    hasher: KeyHasher,
+    node: &Node<T>,
+    owner: usize,
+    vnodes: u32,
+    from: usize,
+    rank: &[u32],
+) -> Vec<RawPoint> {
+    let mut hashes = Vec::new();
+    push_hashes(&mut hashes, &mut Vec::new(), hasher, node, vnodes);
+    let mut pts: Vec<RawPoint> = hashes[from..].iter().map(|&h| (h, owner as u32)).collect();
+    pts.sort_unstable_by(|a, b| cmp_points(a, b, rank));
+    pts
 }
 
 impl Ring<()> {
@@ -213,10 +225,8 @@ impl<T: Clone> Ring<T> {
         let mut nodes = self.nodes.clone();
         nodes.push(node);
         let rank = id_ranks(nodes.iter().map(Node::id));
-        let owner = (nodes.len() - 1) as u32;
-        let mut added = Vec::new();
-        push_points(&mut added, &mut Vec::new(), self.hasher, &nodes[owner as usize], owner, self.vnodes);
-        added.sort_unstable_by(|a, b| cmp_points(a, b, &rank));
+        let owner = nodes.len() - 1;
+        let added = sorted_points(self.hasher, &nodes[owner], owner, self.vnodes, 0, &rank);
         let points = self.points.merged(nodes.len(), &added, &rank);
         Ok(Ring { nodes, rank, hasher: self.hasher, vnodes: self.vnodes, points })
     }
@@ -227,15 +237,12 @@ impl<T: Clone> Ring<T> {
     /// # Errors
     /// [`Error::UnknownNode`].
     pub fn without_node(&self, id: &str) -> Result<Ring<T>> {
-        let gone = self.index_of(id).ok_or_else(|| Error::UnknownNode(id.to_owned()))? as u32;
+        let gone = self.index_of(id).ok_or_else(|| Error::UnknownNode(id.to_owned()))?;
+        let removed = sorted_points(self.hasher, &self.nodes[gone], gone, self.vnodes, 0, &self.rank);
+        let points = self.points.without(&removed, &self.rank, |o| if o > gone { o - 1 } else { o });
         let mut nodes = self.nodes.clone();
-        nodes.remove(gone as usize);
+        nodes.remove(gone);
         let rank = id_ranks(nodes.iter().map(Node::id));
-        let points = self.points.filtered(nodes.len(), |o| match o.cmp(&gone) {
-            std::cmp::Ordering::Less => Some(o),
-            std::cmp::Ordering::Equal => None,
-            std::cmp::Ordering::Greater => Some(o - 1),
-        });
         Ok(Ring { nodes, rank, hasher: self.hasher, vnodes: self.vnodes, points })
     }
 
@@ -253,19 +260,13 @@ impl<T: Clone> Ring<T> {
         check_point_count(&self.nodes, self.vnodes, new.saturating_sub(old))?;
         let mut nodes = self.nodes.clone();
         nodes[at] = node;
-        let owner = at as u32;
-        let mut pts = Vec::new();
-        push_points(&mut pts, &mut Vec::new(), self.hasher, &nodes[at], owner, self.vnodes);
+        // Points 0..min(old, new) stay; only the difference is added or removed.
         let points = if new >= old {
-            let mut added = pts.split_off(old as usize);
-            added.sort_unstable_by(|a, b| cmp_points(a, b, &self.rank));
+            let added = sorted_points(self.hasher, &nodes[at], at, self.vnodes, old as usize, &self.rank);
             self.points.merged(nodes.len(), &added, &self.rank)
         } else {
-            // Drop this node's points, then merge back the ones it keeps.
-            pts.truncate(new as usize);
-            pts.sort_unstable_by(|a, b| cmp_points(a, b, &self.rank));
-            let others = self.points.filtered(nodes.len(), |o| (o != owner).then_some(o));
-            others.merged(nodes.len(), &pts, &self.rank)
+            let removed = sorted_points(self.hasher, &self.nodes[at], at, self.vnodes, new as usize, &self.rank);
+            self.points.without(&removed, &self.rank, |o| o)
         };
         Ok(Ring { nodes, rank: self.rank.clone(), hasher: self.hasher, vnodes: self.vnodes, points })
     }

@@ -114,6 +114,14 @@ proptest! {
         bumped[0].1 += extra;
         prop_assert_eq!(ids(&reweighted), ids(&build(&bumped, vnodes, hasher)));
         prop_assert_eq!(ids(&reweighted.with_weight(id, *w).unwrap()), ids(&fresh));
+        // The bucket index of a changed ring is updated, not rebuilt: lookups
+        // must agree with the fresh builds everywhere.
+        let bumped_ring = build(&bumped, vnodes, hasher);
+        for (changed, reference) in [(&added, &fresh), (&removed, &ring), (&reweighted, &bumped_ring)] {
+            for h in probes(reference, &[]).into_iter().chain(probes(changed, &[])) {
+                prop_assert_eq!(id_at(changed, h), id_at(reference, h), "h={}", h);
+            }
+        }
     }
 
     #[test]
