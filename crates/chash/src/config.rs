@@ -28,8 +28,10 @@ use std::str::FromStr;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use crate::compat::{Ketama, Modula, NginxChash};
 use crate::placement::Placement;
 use crate::ring::{Ring, DEFAULT_VNODES};
+use crate::PointLabel;
 use crate::{hash, Error, KeyHasher, Node, Result, ServerLine};
 
 /// Every `distribution:` name chash knows, implemented or not.
@@ -143,8 +145,11 @@ pub struct PoolFile {
     /// Server lines, `ID:WEIGHT [NAME]`.
     #[serde(default)]
     pub servers: Vec<String>,
-    /// chash: ring points per unit of weight (default 160).
+    /// chash: ring points per unit of weight (`distribution: ring`; default 160).
     pub vnodes: Option<u32>,
+    /// chash: text template for ring point labels (`distribution: ring`),
+    /// e.g. `"{id}&&VN{i}"`; see [`PointLabel`].
+    pub point_label: Option<String>,
 }
 
 /// A whole config file: pools in file order.
@@ -224,6 +229,8 @@ pub struct Pool {
     pub distribution: Distribution,
     /// Ring points per unit of weight.
     pub vnodes: u32,
+    /// Ring point labels.
+    pub point_label: PointLabel,
     /// Servers in file order.
     pub servers: Vec<ServerLine>,
     /// The file's settings as written (for the proxy's own keys).
@@ -237,8 +244,10 @@ impl Pool {
     /// Unknown hash or distribution names, a bad hash tag, a bad server line,
     /// or no servers.
     pub fn from_file(name: &str, file: &PoolFile) -> Result<Pool> {
-        let hash = file.hash.as_deref().unwrap_or("fnv1a_64").parse()?;
-        let distribution = file.distribution.as_deref().unwrap_or("ketama").parse()?;
+        let distribution: Distribution = file.distribution.as_deref().unwrap_or("ketama").parse()?;
+        // nginx hashes keys with CRC-32 and nothing else.
+        let default_hash = if distribution == Distribution::Nginx { "crc32a" } else { "fnv1a_64" };
+        let hash: KeyHasher = file.hash.as_deref().unwrap_or(default_hash).parse()?;
         let hash_tag = match file.hash_tag.as_deref() {
             None => None,
             Some(tag) => match tag.as_bytes() {
@@ -263,9 +272,22 @@ impl Pool {
             hash_tag,
             distribution,
             vnodes: file.vnodes.unwrap_or(DEFAULT_VNODES),
+            point_label: match &file.point_label {
+                Some(t) => t.parse()?,
+                None => PointLabel::Native,
+            },
             servers,
             file: file.clone(),
         };
+        if distribution != Distribution::Ring {
+            for (key, set) in [("vnodes", file.vnodes.is_some()), ("point_label", file.point_label.is_some())] {
+                if set {
+                    return Err(Error::Config(format!(
+                        "{key} applies to distribution ring only (this pool's is {distribution})"
+                    )));
+                }
+            }
+        }
         pool.check_supported()?;
         Ok(pool)
     }
@@ -278,6 +300,7 @@ impl Pool {
             hash_tag: None,
             distribution: Distribution::Ring,
             vnodes: DEFAULT_VNODES,
+            point_label: PointLabel::Native,
             servers,
             file: PoolFile::default(),
         }
@@ -286,18 +309,25 @@ impl Pool {
     /// Checks that this version of chash can place keys for this pool.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for a distribution not implemented yet.
+    /// [`Error::Unsupported`] for a distribution not implemented yet, or a
+    /// hash the distribution cannot take.
     pub fn check_supported(&self) -> Result<()> {
         match self.distribution {
-            Distribution::Ring => Ok(()),
+            Distribution::Ring | Distribution::Modula | Distribution::Random => Ok(()),
+            Distribution::Ketama if self.hash.bits() > 32 => Err(Error::Unsupported(format!(
+                "distribution ketama has a 32-bit continuum, but hash {} gives {}-bit values",
+                self.hash,
+                self.hash.bits()
+            ))),
+            Distribution::Ketama => Ok(()),
+            Distribution::Nginx if self.hash != KeyHasher::Crc32a => Err(Error::Unsupported(format!(
+                "distribution nginx hashes keys with CRC-32 (crc32a) only, not {}",
+                self.hash
+            ))),
+            Distribution::Nginx => Ok(()),
             d => Err(Error::Unsupported(format!(
-                "distribution {d} is not implemented in this version of chash{}; \
-                 `distribution: ring` is",
-                if d == Distribution::Ketama {
-                    " (it is twemproxy's default when `distribution` is absent)"
-                } else {
-                    ""
-                }
+                "distribution {d} is not implemented in this version of chash; \
+                 ring, ketama, modula and nginx are"
             ))),
         }
     }
@@ -305,13 +335,35 @@ impl Pool {
     /// Builds the placement for this pool.
     ///
     /// # Errors
-    /// As [`Pool::check_supported`], plus placement errors such as duplicate
-    /// server ids or `vnodes: 0`.
+    /// As [`Pool::check_supported`]; `random` (which has no fixed placement);
+    /// placement errors such as duplicate server ids or `vnodes: 0`.
     pub fn snapshot(&self) -> Result<Snapshot> {
         self.check_supported()?;
         let nodes = self.servers.iter().map(ServerLine::to_node).collect::<Result<Vec<Node>>>()?;
-        let ring = Ring::builder().hasher(self.hash).vnodes(self.vnodes).build(nodes)?;
-        Ok(Snapshot { hash_tag: self.hash_tag, placement: AnyPlacement::Ring(ring) })
+        let placement = match self.distribution {
+            Distribution::Ring => AnyPlacement::Ring(
+                Ring::builder()
+                    .hasher(self.hash)
+                    .vnodes(self.vnodes)
+                    .point_label(self.point_label.clone())
+                    .build(nodes)?,
+            ),
+            Distribution::Ketama => AnyPlacement::Ketama(Ketama::new(nodes, self.hash)?),
+            Distribution::Modula => AnyPlacement::Modula(Modula::new(nodes, self.hash)?),
+            Distribution::Nginx => AnyPlacement::Nginx(NginxChash::new(nodes)?),
+            Distribution::Random => {
+                return Err(Error::Unsupported(
+                    "distribution random sends each request to a random server: keys have no fixed place to route \
+                     (the proxy serves it; route, analyze and plan cannot)"
+                        .into(),
+                ))
+            }
+            d => {
+                return Err(Error::Unsupported(format!("distribution {d} is not implemented in this version of chash")))
+            }
+        };
+        let twemproxy_rules = matches!(self.distribution, Distribution::Ketama | Distribution::Modula);
+        Ok(Snapshot { hash_tag: self.hash_tag, twemproxy_rules, placement })
     }
 }
 
@@ -321,13 +373,67 @@ impl Pool {
 pub enum AnyPlacement {
     /// The native ring.
     Ring(Ring),
+    /// twemproxy's / libmemcached's ketama.
+    Ketama(Ketama),
+    /// twemproxy's modula.
+    Modula(Modula),
+    /// nginx's consistent hash.
+    Nginx(NginxChash),
+}
+
+/// Calls `$body` with `$p` bound to the concrete placement.
+macro_rules! with_placement {
+    ($any:expr, $p:ident => $body:expr) => {
+        match $any {
+            AnyPlacement::Ring($p) => $body,
+            AnyPlacement::Ketama($p) => $body,
+            AnyPlacement::Modula($p) => $body,
+            AnyPlacement::Nginx($p) => $body,
+        }
+    };
+}
+
+impl AnyPlacement {
+    /// The nodes, in server-line order.
+    pub fn nodes(&self) -> &[Node] {
+        with_placement!(self, p => p.nodes())
+    }
+
+    /// The key hash.
+    pub fn hasher(&self) -> KeyHasher {
+        with_placement!(self, p => p.hasher())
+    }
+
+    /// Index of the node owning hash value `hash`.
+    #[inline]
+    pub fn locate_hash(&self, hash: u64) -> Option<usize> {
+        with_placement!(self, p => p.locate_hash(hash))
+    }
+
+    /// Distinct nodes for `hash`, owner first.
+    pub fn candidates_hash(&self, hash: u64) -> Vec<usize> {
+        with_placement!(self, p => p.candidates_hash(hash).collect())
+    }
+
+    /// Exact ownership of the hash space per node, where the placement is
+    /// made of points (`None` for modula).
+    pub fn ownership(&self) -> Option<Vec<f64>> {
+        match self {
+            AnyPlacement::Ring(p) => Some(crate::analysis::ownership(p)),
+            AnyPlacement::Ketama(p) => Some(crate::analysis::ownership(p)),
+            AnyPlacement::Nginx(p) => Some(crate::analysis::ownership(p)),
+            AnyPlacement::Modula(_) => None,
+        }
+    }
 }
 
 /// An immutable routing table for one pool: the placement plus the pool's key
-/// rules (hash tag). Share it with `arc-swap`; a change builds a new one.
+/// rules (hash tag, and twemproxy's: an empty key, or a pool of one server,
+/// hashes to 0). Share it with `arc-swap`; a change builds a new one.
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     hash_tag: Option<[u8; 2]>,
+    twemproxy_rules: bool,
     placement: AnyPlacement,
 }
 
@@ -342,32 +448,31 @@ impl Snapshot {
         hash::tagged(key, self.hash_tag)
     }
 
+    /// The position of `key` on the hash space, as the pool's program computes it.
+    #[inline]
+    pub fn key_hash(&self, key: &[u8]) -> u64 {
+        let part = self.hashed_part(key);
+        if self.twemproxy_rules && (part.is_empty() || self.placement.nodes().len() == 1) {
+            return 0;
+        }
+        self.placement.hasher().hash(part)
+    }
+
     /// Index of the server that owns `key`.
     #[inline]
     pub fn route_index(&self, key: &[u8]) -> Option<usize> {
-        let part = self.hashed_part(key);
-        match &self.placement {
-            AnyPlacement::Ring(r) => r.locate(part),
-        }
+        self.placement.locate_hash(self.key_hash(key))
     }
 
     /// Id of the server that owns `key`.
     #[inline]
     pub fn route(&self, key: &[u8]) -> Option<&str> {
-        self.route_index(key).map(|i| self.node_ids_at(i))
-    }
-
-    fn node_ids_at(&self, i: usize) -> &str {
-        match &self.placement {
-            AnyPlacement::Ring(r) => r.nodes()[i].id(),
-        }
+        self.route_index(key).map(|i| self.placement.nodes()[i].id())
     }
 
     /// The nodes, in server-line order.
     pub fn nodes(&self) -> &[Node] {
-        match &self.placement {
-            AnyPlacement::Ring(r) => r.nodes(),
-        }
+        self.placement.nodes()
     }
 }
 
@@ -425,7 +530,13 @@ beta:
         assert!(err("a:\n  distribution: ring\n  hash_tag: \"{\"\n  servers: [x:1]\n").contains("two characters"));
         assert!(err("a:\n  distribution: ring\n  servers: [x:0]\n").contains("weight 0"));
         assert!(err("a:\n  distribution: ring\n  servers: []\n").contains("no servers"));
-        assert!(err("a:\n  servers: [x:1]\n").contains("ketama"));
+        assert!(err("a:\n  distribution: jump\n  servers: [x:1]\n").contains("not implemented"));
+        assert!(err("a:\n  distribution: nginx\n  hash: md5\n  servers: [x:1]\n").contains("crc32a"));
+        assert!(err("a:\n  distribution: ketama\n  hash: xxh3\n  servers: [x:1]\n").contains("32-bit"));
+        assert!(err("a:\n  vnodes: 10\n  servers: [x:1]\n").contains("ring only"));
+        assert!(
+            err("a:\n  distribution: ring\n  point_label: \"{x}\"\n  servers: [x:1]\n").contains("unknown variable")
+        );
         assert!(err("a:\n  distribution: circle\n  servers: [x:1]\n").contains("circle"));
         assert!(err("a: [1, 2]\n").contains("invalid config"));
         assert!(err("").contains("invalid config") || err("").contains("no pools"));

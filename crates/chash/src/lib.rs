@@ -35,6 +35,7 @@
 //! `&self`, never allocate, and every type is `Send + Sync`.
 
 pub mod analysis;
+pub mod compat;
 pub mod config;
 mod error;
 pub mod hash;
@@ -47,7 +48,7 @@ pub use error::{Error, Result};
 pub use hash::KeyHasher;
 pub use node::{Node, ServerLine};
 pub use placement::{Placement, PointRing};
-pub use ring::{Ring, RingBuilder, RingCandidates, DEFAULT_VNODES, MAX_POINTS};
+pub use ring::{LabelPart, PointLabel, Ring, RingBuilder, RingCandidates, DEFAULT_VNODES, MAX_POINTS};
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

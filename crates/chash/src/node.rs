@@ -21,6 +21,7 @@ use crate::{Error, Result};
 pub struct Node<T = ()> {
     id: Box<str>,
     weight: u32,
+    name: Option<Box<str>>,
     payload: T,
 }
 
@@ -47,7 +48,7 @@ impl<T> Node<T> {
         if weight == 0 {
             return Err(Error::ZeroWeight(id));
         }
-        Ok(Node { id: id.into_boxed_str(), weight, payload })
+        Ok(Node { id: id.into_boxed_str(), weight, name: None, payload })
     }
 
     /// The node's unique id.
@@ -65,6 +66,20 @@ impl<T> Node<T> {
         &self.payload
     }
 
+    /// The optional display name (a server line's NAME). Compatibility
+    /// placements that hash it (twemproxy's ketama) use it; the native ring
+    /// hashes the id unless a `point_label` template names `{name}`.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The same node with a name.
+    #[must_use]
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into().into_boxed_str());
+        self
+    }
+
     /// The same node with another weight.
     ///
     /// # Errors
@@ -73,7 +88,8 @@ impl<T> Node<T> {
     where
         T: Clone,
     {
-        Node::with_payload(self.id(), weight, self.payload.clone())
+        let node = Node::with_payload(self.id(), weight, self.payload.clone())?;
+        Ok(Node { name: self.name.clone(), ..node })
     }
 }
 
@@ -124,9 +140,16 @@ impl ServerLine {
         Some((host, port.parse().ok()?))
     }
 
-    /// The node this line describes.
+    /// The node this line describes (with its name, if any).
+    ///
+    /// # Errors
+    /// As [`Node::new`].
     pub fn to_node(&self) -> Result<Node> {
-        Node::new(self.id.clone(), self.weight)
+        let node = Node::new(self.id.clone(), self.weight)?;
+        Ok(match &self.name {
+            Some(name) => node.with_name(name.clone()),
+            None => node,
+        })
     }
 }
 

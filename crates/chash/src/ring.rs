@@ -68,20 +68,149 @@ pub struct Ring<T = ()> {
     rank: Vec<u32>,
     hasher: KeyHasher,
     vnodes: u32,
+    label: PointLabel,
     points: Points,
 }
 
+/// How a ring names its points before hashing them.
+///
+/// The default, [`PointLabel::Native`], is the unambiguous binary label
+/// described on [`Ring`]. A template reproduces rings built by other code:
+/// `"{id}&&VN{i}"` (seed 001), `"{id}#{i}"` (seed 002),
+/// `"SHARD-{name}-NODE-{i}"` (seed 003). Variables: `{id}`, `{name}` (the
+/// node's name, or its id when it has none), `{host}` and `{port}` (the id
+/// split at its last `:`; the whole id and an empty port when it has none),
+/// `{i}` (the point index from 0, in decimal). `{{` and `}}` are literal braces.
+///
+/// ```
+/// use chash::{PointLabel, Node, Ring, KeyHasher};
+/// let label: PointLabel = "{id}&&VN{i}".parse()?;
+/// assert_eq!(label.render(&Node::new("192.168.0.112:1000", 1)?, 4), b"192.168.0.112:1000&&VN4");
+/// assert!("{colour}".parse::<PointLabel>().is_err());
+/// # Ok::<(), chash::Error>(())
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PointLabel {
+    /// `len(id) as u32 LE ‖ id ‖ i as u32 LE`.
+    #[default]
+    Native,
+    /// A text template.
+    Template(Vec<LabelPart>),
+}
+
+/// One piece of a [`PointLabel`] template.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LabelPart {
+    /// Text copied as is.
+    Text(String),
+    /// `{id}`
+    Id,
+    /// `{name}`
+    Name,
+    /// `{host}`
+    Host,
+    /// `{port}`
+    Port,
+    /// `{i}`
+    Index,
+}
+
+impl std::str::FromStr for PointLabel {
+    type Err = Error;
+
+    fn from_str(template: &str) -> Result<PointLabel> {
+        let bad = |why: String| Error::Config(format!("point_label {template:?}: {why}"));
+        let mut parts = Vec::new();
+        let mut text = String::new();
+        let mut chars = template.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '{' if chars.peek() == Some(&'{') => {
+                    chars.next();
+                    text.push('{');
+                }
+                '}' if chars.peek() == Some(&'}') => {
+                    chars.next();
+                    text.push('}');
+                }
+                '{' => {
+                    let var: String = chars.by_ref().take_while(|&c| c != '}').collect();
+                    let part = match var.as_str() {
+                        "id" => LabelPart::Id,
+                        "name" => LabelPart::Name,
+                        "host" => LabelPart::Host,
+                        "port" => LabelPart::Port,
+                        "i" => LabelPart::Index,
+                        _ => {
+                            return Err(bad(format!(
+                                "unknown variable {{{var}}} (known: {{id}}, {{name}}, {{host}}, {{port}}, {{i}})"
+                            )))
+                        }
+                    };
+                    if !text.is_empty() {
+                        parts.push(LabelPart::Text(std::mem::take(&mut text)));
+                    }
+                    parts.push(part);
+                }
+                '}' => return Err(bad("a lone '}' (write '}}' for a literal brace)".into())),
+                c => text.push(c),
+            }
+        }
+        if !text.is_empty() {
+            parts.push(LabelPart::Text(text));
+        }
+        Ok(PointLabel::Template(parts))
+    }
+}
+
+impl PointLabel {
+    /// The label bytes of point `i` of `node`.
+    pub fn render<T>(&self, node: &Node<T>, i: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.render_into(&mut out, node, i);
+        out
+    }
+
+    fn render_into<T>(&self, out: &mut Vec<u8>, node: &Node<T>, i: u32) {
+        out.clear();
+        match self {
+            PointLabel::Native => {
+                let id = node.id().as_bytes();
+                out.extend_from_slice(&(id.len() as u32).to_le_bytes());
+                out.extend_from_slice(id);
+                out.extend_from_slice(&i.to_le_bytes());
+            }
+            PointLabel::Template(parts) => {
+                let (host, port) = node.id().rsplit_once(':').unwrap_or((node.id(), ""));
+                for part in parts {
+                    match part {
+                        LabelPart::Text(t) => out.extend_from_slice(t.as_bytes()),
+                        LabelPart::Id => out.extend_from_slice(node.id().as_bytes()),
+                        LabelPart::Name => out.extend_from_slice(node.name().unwrap_or(node.id()).as_bytes()),
+                        LabelPart::Host => out.extend_from_slice(host.as_bytes()),
+                        LabelPart::Port => out.extend_from_slice(port.as_bytes()),
+                        LabelPart::Index => out.extend_from_slice(i.to_string().as_bytes()),
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Settings for a [`Ring`]; a consuming builder.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 #[must_use]
 pub struct RingBuilder {
     hasher: KeyHasher,
     vnodes: u32,
+    label: PointLabel,
 }
 
 impl Default for RingBuilder {
     fn default() -> Self {
-        RingBuilder { hasher: KeyHasher::Xxh3, vnodes: DEFAULT_VNODES }
+        RingBuilder { hasher: KeyHasher::Xxh3, vnodes: DEFAULT_VNODES, label: PointLabel::Native }
     }
 }
 
@@ -95,6 +224,12 @@ impl RingBuilder {
     /// Points per unit of weight. Defaults to 160.
     pub fn vnodes(mut self, vnodes: u32) -> Self {
         self.vnodes = vnodes;
+        self
+    }
+
+    /// How points are labelled before hashing. Defaults to [`PointLabel::Native`].
+    pub fn point_label(mut self, label: PointLabel) -> Self {
+        self.label = label;
         self
     }
 
@@ -115,11 +250,11 @@ impl RingBuilder {
         let mut label = Vec::new();
         for node in &nodes {
             let before = raw.len();
-            push_hashes(&mut raw, &mut label, self.hasher, node, self.vnodes);
+            push_hashes(&mut raw, &mut label, &self.label, self.hasher, node, self.vnodes);
             counts.push(raw.len() - before);
         }
         let points = Points::build(self.hasher.bits(), &raw, &counts, &rank);
-        Ok(Ring { nodes, rank, hasher: self.hasher, vnodes: self.vnodes, points })
+        Ok(Ring { nodes, rank, hasher: self.hasher, vnodes: self.vnodes, label: self.label, points })
     }
 }
 
@@ -136,31 +271,36 @@ fn check_point_count<T>(nodes: &[Node<T>], vnodes: u32, extra: u64) -> Result<()
 }
 
 /// Appends the point hashes of `node` to `out`, in vnode order.
-fn push_hashes<T>(out: &mut Vec<u64>, label: &mut Vec<u8>, hasher: KeyHasher, node: &Node<T>, vnodes: u32) {
-    let id = node.id().as_bytes();
-    label.clear();
-    label.extend_from_slice(&(id.len() as u32).to_le_bytes());
-    label.extend_from_slice(id);
-    let prefix = label.len();
+fn push_hashes<T>(
+    out: &mut Vec<u64>,
+    buf: &mut Vec<u8>,
+    label: &PointLabel,
+    hasher: KeyHasher,
+    node: &Node<T>,
+    vnodes: u32,
+) {
     let count = node.weight() as usize * vnodes as usize;
-    for i in 0..count as u32 {
-        label.truncate(prefix);
-        label.extend_from_slice(&i.to_le_bytes());
-        out.push(hasher.hash(label));
+    if *label == PointLabel::Native {
+        // Only the index changes: write the prefix once.
+        label.render_into(buf, node, 0);
+        let prefix = buf.len() - 4;
+        for i in 0..count as u32 {
+            buf.truncate(prefix);
+            buf.extend_from_slice(&i.to_le_bytes());
+            out.push(hasher.hash(buf));
+        }
+    } else {
+        for i in 0..count as u32 {
+            label.render_into(buf, node, i);
+            out.push(hasher.hash(buf));
+        }
     }
 }
 
 /// The points of `node` (index `owner`) from vnode `from` on, sorted in ring order.
-fn sorted_points<T>(
-    hasher: KeyHasher,
-    node: &Node<T>,
-    owner: usize,
-    vnodes: u32,
-    from: usize,
-    rank: &[u32],
-) -> Vec<RawPoint> {
+fn sorted_points<T>(ring: &Ring<T>, node: &Node<T>, owner: usize, from: usize, rank: &[u32]) -> Vec<RawPoint> {
     let mut hashes = Vec::new();
-    push_hashes(&mut hashes, &mut Vec::new(), hasher, node, vnodes);
+    push_hashes(&mut hashes, &mut Vec::new(), &ring.label, ring.hasher, node, ring.vnodes);
     let mut pts: Vec<RawPoint> = hashes[from..].iter().map(|&h| (h, owner as u32)).collect();
     pts.sort_unstable_by(|a, b| cmp_points(a, b, rank));
     pts
@@ -226,9 +366,9 @@ impl<T: Clone> Ring<T> {
         nodes.push(node);
         let rank = id_ranks(nodes.iter().map(Node::id));
         let owner = nodes.len() - 1;
-        let added = sorted_points(self.hasher, &nodes[owner], owner, self.vnodes, 0, &rank);
+        let added = sorted_points(self, &nodes[owner], owner, 0, &rank);
         let points = self.points.merged(nodes.len(), &added, &rank);
-        Ok(Ring { nodes, rank, hasher: self.hasher, vnodes: self.vnodes, points })
+        Ok(Ring { nodes, rank, hasher: self.hasher, vnodes: self.vnodes, label: self.label.clone(), points })
     }
 
     /// A new ring without the node `id`; this ring is unchanged. Nodes after
@@ -238,12 +378,12 @@ impl<T: Clone> Ring<T> {
     /// [`Error::UnknownNode`].
     pub fn without_node(&self, id: &str) -> Result<Ring<T>> {
         let gone = self.index_of(id).ok_or_else(|| Error::UnknownNode(id.to_owned()))?;
-        let removed = sorted_points(self.hasher, &self.nodes[gone], gone, self.vnodes, 0, &self.rank);
+        let removed = sorted_points(self, &self.nodes[gone], gone, 0, &self.rank);
         let points = self.points.without(&removed, &self.rank, |o| if o > gone { o - 1 } else { o });
         let mut nodes = self.nodes.clone();
         nodes.remove(gone);
         let rank = id_ranks(nodes.iter().map(Node::id));
-        Ok(Ring { nodes, rank, hasher: self.hasher, vnodes: self.vnodes, points })
+        Ok(Ring { nodes, rank, hasher: self.hasher, vnodes: self.vnodes, label: self.label.clone(), points })
     }
 
     /// A new ring where node `id` has `weight`; it keeps its index. Its
@@ -262,13 +402,20 @@ impl<T: Clone> Ring<T> {
         nodes[at] = node;
         // Points 0..min(old, new) stay; only the difference is added or removed.
         let points = if new >= old {
-            let added = sorted_points(self.hasher, &nodes[at], at, self.vnodes, old as usize, &self.rank);
+            let added = sorted_points(self, &nodes[at], at, old as usize, &self.rank);
             self.points.merged(nodes.len(), &added, &self.rank)
         } else {
-            let removed = sorted_points(self.hasher, &self.nodes[at], at, self.vnodes, new as usize, &self.rank);
+            let removed = sorted_points(self, &self.nodes[at], at, new as usize, &self.rank);
             self.points.without(&removed, &self.rank, |o| o)
         };
-        Ok(Ring { nodes, rank: self.rank.clone(), hasher: self.hasher, vnodes: self.vnodes, points })
+        Ok(Ring {
+            nodes,
+            rank: self.rank.clone(),
+            hasher: self.hasher,
+            vnodes: self.vnodes,
+            label: self.label.clone(),
+            points,
+        })
     }
 }
 
