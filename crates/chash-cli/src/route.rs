@@ -27,11 +27,15 @@ Examples:
   chash route -c nutcracker.yml --pool alpha < keys.txt
   printf 'k1\\nk2\\n' | chash route --node 10.0.0.1:11211:1 --node 10.0.0.2:11211:1 --format json
 
+  chash route --node 192.168.0.112:1000:1 --node 192.168.0.112:1001:1 \\
+      --hash java-fnv1-32 --vnodes 5 --point-label '{id}&&VN{i}' --with-hash 太阳
+
 Without KEY arguments, keys are read from standard input, one per line (split on
 LF only; every other byte is part of the key). With -c, the pool's settings and
 twemproxy's defaults apply (distribution ketama, hash fnv1a_64); with --node,
 chash's defaults apply (distribution ring, hash xxh3, 160 vnodes per unit of
-weight).")]
+weight). Distributions: ring, ketama, modula, nginx (random has no fixed
+placement to print).")]
 pub struct RouteArgs {
     /// twemproxy-style YAML config file.
     #[arg(short = 'c', long = "config", value_name = "FILE")]
@@ -49,9 +53,10 @@ pub struct RouteArgs {
     #[arg(long, value_name = "D", default_value = "ring", conflicts_with = "config")]
     distribution: String,
 
-    /// Key hash (with --node).
-    #[arg(long, value_name = "H", default_value = "xxh3", conflicts_with = "config")]
-    hash: String,
+    /// Key hash (with --node; default: xxh3 for ring, fnv1a_64 for ketama and
+    /// modula as in twemproxy, crc32a for nginx).
+    #[arg(long, value_name = "H", conflicts_with = "config")]
+    hash: Option<String>,
 
     /// Ring points per unit of weight (with --node).
     #[arg(long, value_name = "N", default_value_t = chash::DEFAULT_VNODES, conflicts_with = "config")]
@@ -60,6 +65,15 @@ pub struct RouteArgs {
     /// Two characters around the hashed part of a key, e.g. '{}' (with --node).
     #[arg(long, value_name = "XY", conflicts_with = "config")]
     hash_tag: Option<String>,
+
+    /// Ring point label template, e.g. '{id}&&VN{i}' (with --node, distribution ring).
+    #[arg(long, value_name = "TEMPLATE", conflicts_with = "config")]
+    point_label: Option<String>,
+
+    /// Also print each key's hash value, as the original program prints it
+    /// (a third column, or a "hash" field in JSON).
+    #[arg(long)]
+    with_hash: bool,
 
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
@@ -83,8 +97,19 @@ fn pool(args: &RouteArgs) -> Result<Pool> {
     let servers = args.node.iter().map(|s| s.parse::<ServerLine>()).collect::<chash::Result<Vec<_>>>()?;
     let mut pool = Pool::from_servers(servers);
     pool.distribution = args.distribution.parse::<Distribution>()?;
-    pool.hash = args.hash.parse::<KeyHasher>()?;
+    pool.hash = match (&args.hash, pool.distribution) {
+        (Some(h), _) => h.parse::<KeyHasher>()?,
+        (None, Distribution::Ketama | Distribution::Modula | Distribution::Random) => KeyHasher::Fnv1a64,
+        (None, Distribution::Nginx) => KeyHasher::Crc32a,
+        (None, _) => KeyHasher::Xxh3,
+    };
     pool.vnodes = args.vnodes;
+    if let Some(template) = &args.point_label {
+        if pool.distribution != Distribution::Ring {
+            bail!("--point-label applies to distribution ring only");
+        }
+        pool.point_label = template.parse()?;
+    }
     pool.hash_tag = match args.hash_tag.as_deref().map(str::as_bytes) {
         None => None,
         Some(&[open, close]) => Some([open, close]),
@@ -96,23 +121,32 @@ fn pool(args: &RouteArgs) -> Result<Pool> {
 
 pub fn run(args: RouteArgs) -> Result<()> {
     let snapshot = pool(&args)?.snapshot()?;
+    let hasher = snapshot.placement().hasher();
     let stdout = io::stdout();
     let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
     let mut line = Vec::with_capacity(512);
     for_each_key(&args.keys, |key| {
-        let id = snapshot.route(key).unwrap_or("");
+        let hash = snapshot.key_hash(key);
+        let id = snapshot.placement().locate_hash(hash).map_or("", |i| snapshot.nodes()[i].id());
         line.clear();
         match args.format {
             Format::Text => {
                 line.extend_from_slice(key);
                 line.push(b'\t');
                 line.extend_from_slice(id.as_bytes());
+                if args.with_hash {
+                    line.push(b'\t');
+                    line.extend_from_slice(hasher.value_of_position(hash).to_string().as_bytes());
+                }
             }
             Format::Json => {
                 line.extend_from_slice(b"{\"key\":");
                 write_json_string(&mut line, key);
                 line.extend_from_slice(b",\"id\":");
                 write_json_string(&mut line, id.as_bytes());
+                if args.with_hash {
+                    line.extend_from_slice(format!(",\"hash\":{}", hasher.value_of_position(hash)).as_bytes());
+                }
                 line.push(b'}');
             }
         }

@@ -168,3 +168,32 @@ fn demo_is_consistent() {
     let bad = chash(&["demo", "--keys", "5"], b"");
     assert_eq!(bad.status.code(), Some(2));
 }
+
+/// Seed 001's printed runs, through `chash route --with-hash`.
+#[test]
+fn route_reproduces_seed_001() {
+    let servers: Vec<String> = (1000..1005).map(|p| format!("192.168.0.112:{p}:1")).collect();
+    let mut args: Vec<&str> = vec!["route"];
+    for s in &servers {
+        args.extend(["--node", s]);
+    }
+    let keys = ["太阳", "月亮", "星星"];
+    let mut vn = args.clone();
+    vn.extend(["--hash", "java-fnv1-32", "--vnodes", "5", "--point-label", "{id}&&VN{i}", "--with-hash"]);
+    vn.extend(keys);
+    let o = chash(&vn, b"");
+    assert_eq!(
+        stdout(&o),
+        "太阳\t192.168.0.112:1004\t1977106057\n月亮\t192.168.0.112:1003\t1132637661\n星星\t192.168.0.112:1002\t880019273\n"
+    );
+    let mut novn = args.clone();
+    novn.extend(["--hash", "java-fnv1-32-inloop", "--vnodes", "1", "--point-label", "{id}", "--with-hash"]);
+    novn.extend(keys);
+    let o = chash(&novn, b"");
+    assert_eq!(
+        stdout(&o),
+        "太阳\t192.168.0.112:1002\t606807096\n月亮\t192.168.0.112:1003\t244383856\n星星\t192.168.0.112:1004\t1233020469\n"
+    );
+    let o = chash(&["hash", "-H", "java-murmur64a", "1111號客戶端"], b"");
+    assert_eq!(stdout(&o), "1111號客戶端\t-5471088278396709594\n");
+}

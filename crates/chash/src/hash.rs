@@ -69,6 +69,9 @@ pub enum KeyHasher {
     JavaMurmur64a,
     /// Seed 000: the four little-endian `u32` words of MD5 added as a 64-bit integer.
     Md5Sum,
+    /// Seed 004's counter-example: Java's `String.hashCode()` (a signed `int`
+    /// over UTF-16 code units), ordered as Java's `int`.
+    JavaStringHashCode,
 }
 
 const FNV_64_INIT: u64 = 0xcbf2_9ce4_8422_2325;
@@ -103,6 +106,7 @@ impl KeyHasher {
         KeyHasher::JavaMd5Int31,
         KeyHasher::JavaMurmur64a,
         KeyHasher::Md5Sum,
+        KeyHasher::JavaStringHashCode,
     ];
 
     /// The name used in config files and on the command line.
@@ -126,6 +130,7 @@ impl KeyHasher {
             KeyHasher::JavaMd5Int31 => "java-md5-int31",
             KeyHasher::JavaMurmur64a => "java-murmur64a",
             KeyHasher::Md5Sum => "md5-sum",
+            KeyHasher::JavaStringHashCode => "java-string-hashcode",
         }
     }
 
@@ -150,7 +155,13 @@ impl KeyHasher {
     /// `TreeMap<Integer>` / `TreeMap<Long>`). Positions then are the value with
     /// its sign bit flipped, which keeps Java's order on an unsigned ring.
     pub const fn signed(self) -> bool {
-        matches!(self, KeyHasher::JavaFnv1_32 | KeyHasher::JavaFnv1_32InLoop | KeyHasher::JavaMurmur64a)
+        matches!(
+            self,
+            KeyHasher::JavaFnv1_32
+                | KeyHasher::JavaFnv1_32InLoop
+                | KeyHasher::JavaMurmur64a
+                | KeyHasher::JavaStringHashCode
+        )
     }
 
     /// The value as the original program prints it (Java's negative `int`s and
@@ -162,7 +173,9 @@ impl KeyHasher {
     /// Turns a ring position back into the value the original program prints.
     pub fn value_of_position(self, pos: u64) -> i128 {
         match self {
-            KeyHasher::JavaFnv1_32 | KeyHasher::JavaFnv1_32InLoop => i128::from((pos as u32 ^ 0x8000_0000) as i32),
+            KeyHasher::JavaFnv1_32 | KeyHasher::JavaFnv1_32InLoop | KeyHasher::JavaStringHashCode => {
+                i128::from((pos as u32 ^ 0x8000_0000) as i32)
+            }
             KeyHasher::JavaMurmur64a => i128::from((pos ^ (1 << 63)) as i64),
             _ => i128::from(pos),
         }
@@ -228,6 +241,12 @@ impl KeyHasher {
                 u64::from(u32::from_be_bytes([d[12], d[13], d[14], d[15]]) & 0x7fff_ffff)
             }
             KeyHasher::JavaMurmur64a => murmur64a(key, 0x1234_abcd) ^ (1 << 63),
+            KeyHasher::JavaStringHashCode => {
+                let h = String::from_utf8_lossy(key)
+                    .encode_utf16()
+                    .fold(0i32, |h, unit| h.wrapping_mul(31).wrapping_add(i32::from(unit)));
+                u64::from(h as u32 ^ 0x8000_0000)
+            }
             KeyHasher::Md5Sum => {
                 let d = Md5::digest(key);
                 d.chunks_exact(4).map(|w| u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))).sum()
@@ -593,6 +612,15 @@ mod seed_tests {
         assert_eq!(v(m, "1111號客戶端"), -5_471_088_278_396_709_594);
         assert_eq!(v(m, "1114號客戶端"), 5_327_220_965_487_432_534);
         assert_eq!(v(m, "1119號客戶端"), 4_250_876_462_402_385_736);
+    }
+
+    /// Seed 004 prints `String.hashCode()` of consecutive addresses.
+    #[test]
+    fn java_string_hashcode() {
+        let h = KeyHasher::JavaStringHashCode;
+        assert_eq!(h.value(b"192.168.0.0:1111"), 1_845_870_087);
+        assert_eq!(h.value(b"192.168.0.4:1111"), 1_960_386_691);
+        assert!(h.value(b"192.168.1.0:1111") < 0, "the seed notes this one is negative");
     }
 
     #[test]
