@@ -49,7 +49,9 @@ pub enum KeyHasher {
     Fnv1a32,
     /// twemproxy's `one_at_a_time` (Jenkins) over sign-extended bytes.
     OneAtATime,
-    /// twemproxy's `crc16` (CRC-16/ARC: reflected polynomial 0xA001, initial 0).
+    /// twemproxy's `crc16`: the CRC-16/XMODEM table step (polynomial 0x1021,
+    /// initial 0) on a 32-bit accumulator that is never masked, so values use
+    /// all 32 bits; their low 16 bits are CRC-16/XMODEM.
     Crc16,
     /// twemproxy's `hsieh` (Paul Hsieh's SuperFastHash, little-endian reads).
     Hsieh,
@@ -144,7 +146,6 @@ impl KeyHasher {
         match self {
             KeyHasher::Xxh3 | KeyHasher::JavaMurmur64a => 64,
             KeyHasher::Crc32 => 15,
-            KeyHasher::Crc16 => 16,
             KeyHasher::JavaMd5Int31 => 31,
             KeyHasher::Md5Sum => 34,
             _ => 32,
@@ -327,25 +328,27 @@ fn one_at_a_time(key: &[u8]) -> u32 {
     v.wrapping_add(v << 15)
 }
 
-/// CRC-16/ARC lookup table (reflected polynomial 0xA001).
-const CRC16_TABLE: [u16; 256] = {
-    let mut t = [0u16; 256];
+/// CRC-16/XMODEM lookup table (polynomial 0x1021, not reflected).
+const CRC16_TABLE: [u32; 256] = {
+    let mut t = [0u32; 256];
     let mut i = 0;
     while i < 256 {
-        let mut c = i as u16;
+        let mut c = (i as u16) << 8;
         let mut j = 0;
         while j < 8 {
-            c = if c & 1 != 0 { (c >> 1) ^ 0xa001 } else { c >> 1 };
+            c = if c & 0x8000 != 0 { (c << 1) ^ 0x1021 } else { c << 1 };
             j += 1;
         }
-        t[i] = c;
+        t[i] = c as u32;
         i += 1;
     }
     t
 };
 
-fn crc16(key: &[u8]) -> u16 {
-    key.iter().fold(0u16, |crc, &b| (crc >> 8) ^ CRC16_TABLE[usize::from((crc ^ u16::from(b)) & 0xff)])
+/// twemproxy 0.5's `hash_crc16`: the accumulator is a `uint32_t` shifted left
+/// each step and never masked back to 16 bits.
+fn crc16(key: &[u8]) -> u32 {
+    key.iter().fold(0u32, |crc, &b| (crc << 8) ^ CRC16_TABLE[((crc >> 8) ^ u32::from(b)) as usize & 0xff])
 }
 
 fn hsieh(key: &[u8]) -> u32 {
@@ -632,7 +635,9 @@ mod seed_tests {
     }
 
     #[test]
-    fn crc16_is_arc() {
-        assert_eq!(KeyHasher::Crc16.hash(b"123456789"), 0xbb3d);
+    fn crc16_is_xmodem_in_its_low_bits() {
+        let v = KeyHasher::Crc16.hash(b"123456789");
+        assert_eq!(v & 0xffff, 0x31c3);
+        assert!(v > 0xffff, "twemproxy never masks the accumulator");
     }
 }
