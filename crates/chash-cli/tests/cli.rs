@@ -197,3 +197,31 @@ fn route_reproduces_seed_001() {
     let o = chash(&["hash", "-H", "java-murmur64a", "1111號客戶端"], b"");
     assert_eq!(stdout(&o), "1111號客戶端\t-5471088278396709594\n");
 }
+
+/// `random` has no placement to print; route says so.
+#[test]
+fn route_refuses_random() {
+    let o = chash(&["route", "--node", "a:1", "--distribution", "random", "k"], b"");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("random server"), "{}", stderr(&o));
+}
+
+/// twemproxy's defaults with -c: ketama and fnv1a_64 (the compat golden
+/// tests check the placements; here the CLI path).
+#[test]
+fn config_defaults_are_twemproxys() {
+    let dir = std::env::temp_dir().join(format!("chash-cli-tw-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("nutcracker.yml");
+    std::fs::write(
+        &path,
+        "alpha:\n  listen: 127.0.0.1:22121\n  servers:\n   - 127.0.0.1:11211:1\n   - 127.0.0.1:11212:1\n",
+    )
+    .unwrap();
+    let o = chash(&["route", "-c", path.to_str().unwrap(), "--with-hash", "foo"], b"");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let fields: Vec<&str> = out.trim_end().split('\t').collect();
+    assert_eq!(fields[2], "4275688823", "fnv1a_64 of foo, as `chash hash -H fnv1a_64 foo` prints it");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
