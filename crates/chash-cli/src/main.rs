@@ -9,6 +9,7 @@ use clap::{Parser, Subcommand};
 mod demo;
 mod hash;
 mod keys;
+mod proxy;
 mod route;
 
 /// Consistent hashing: place keys on servers exactly as twemproxy,
@@ -28,6 +29,8 @@ enum Command {
     Hash(hash::HashArgs),
     /// Watch keys move: shards leave and join, ring against hash % n.
     Demo(demo::DemoArgs),
+    /// Run the sharding proxy (memcached protocol), configured like twemproxy.
+    Proxy(proxy::ProxyArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Route(args) => route::run(args),
         Command::Hash(args) => hash::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Proxy(args) => proxy::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

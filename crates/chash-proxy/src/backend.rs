@@ -1,0 +1,462 @@
+//! Backend servers: a few connections per server, each carrying requests
+//! from many clients pipelined, replies matched to requests in order (FIFO).
+//!
+//! Each connection slot is one task that owns its request queue for the life
+//! of the server: it connects (at once with `preconnect`, else on the first
+//! request), writes queued requests in batches, and hands each request's
+//! reply channel to a reader task in write order. When the connection fails
+//! every request on it is answered with an error, requests that arrive
+//! while the server is unreachable fail at once (fail fast), and the slot
+//! reconnects after a short back-off.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use chash::ServerLine;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::memcache::{parse_reply, Reply, ReplyKind, ReplyParse};
+use crate::stats::ServerStats;
+
+/// Why a request got no reply from its backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BackendError {
+    /// The server could not be reached.
+    Connect(String),
+    /// No reply within the pool's `timeout`.
+    Timeout,
+    /// The connection closed or broke with the request outstanding.
+    Closed(String),
+    /// The server sent something that is not a memcached reply.
+    Protocol(String),
+    /// The proxy is shutting down or the server was removed.
+    Gone,
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::Connect(e) => write!(f, "cannot connect: {e}"),
+            BackendError::Timeout => f.write_str("timed out"),
+            BackendError::Closed(e) => write!(f, "connection lost: {e}"),
+            BackendError::Protocol(e) => write!(f, "bad reply: {e}"),
+            BackendError::Gone => f.write_str("server removed"),
+        }
+    }
+}
+
+/// Where a server is reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Address {
+    /// `host:port` over TCP.
+    Tcp(String),
+    /// A unix socket path.
+    Unix(String),
+}
+
+impl Address {
+    /// The address a server line's id names: `/path` is a unix socket
+    /// (twemproxy's form), anything else `host:port`.
+    pub fn of_id(id: &str) -> Address {
+        if id.starts_with('/') {
+            Address::Unix(id.to_owned())
+        } else {
+            Address::Tcp(id.to_owned())
+        }
+    }
+}
+
+/// Connection settings of a pool's servers.
+#[derive(Clone, Debug)]
+pub struct BackendSettings {
+    /// Connections per server (twemproxy's `server_connections`, default 1).
+    pub connections: usize,
+    /// Reply timeout (twemproxy's `timeout`; none: wait).
+    pub timeout: Option<Duration>,
+    /// Connect at start instead of on the first request.
+    pub preconnect: bool,
+    /// Consecutive failures that make a server a candidate for ejection.
+    pub failure_limit: u32,
+}
+
+type ReplyTx = oneshot::Sender<Result<Reply, BackendError>>;
+
+/// One request on its way to a backend.
+struct Job {
+    data: Bytes,
+    kind: ReplyKind,
+    reply: ReplyTx,
+}
+
+/// A backend server and its connections.
+pub struct Server {
+    line: ServerLine,
+    address: Address,
+    queues: Vec<mpsc::Sender<Job>>,
+    next: AtomicUsize,
+    failures: AtomicU32,
+    /// Set while the server is unreachable (the last attempt failed).
+    down: AtomicBool,
+    failure_limit: u32,
+    on_failure: Option<mpsc::UnboundedSender<String>>,
+    /// Counters.
+    pub stats: ServerStats,
+}
+
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Server").field("id", &self.line.id).field("address", &self.address).finish()
+    }
+}
+
+impl Server {
+    /// Starts the connection tasks of a server. `on_failure` receives the
+    /// server's id when its consecutive failures reach the failure limit.
+    /// Must be called inside a tokio runtime.
+    pub fn start(
+        line: ServerLine,
+        address: Address,
+        settings: &BackendSettings,
+        on_failure: Option<mpsc::UnboundedSender<String>>,
+    ) -> Arc<Server> {
+        let mut queues = Vec::new();
+        let mut receivers = Vec::new();
+        for _ in 0..settings.connections.max(1) {
+            let (tx, rx) = mpsc::channel(4096);
+            queues.push(tx);
+            receivers.push(rx);
+        }
+        let server = Arc::new(Server {
+            line,
+            address,
+            queues,
+            next: AtomicUsize::new(0),
+            failures: AtomicU32::new(0),
+            down: AtomicBool::new(false),
+            failure_limit: settings.failure_limit.max(1),
+            on_failure,
+            stats: ServerStats::default(),
+        });
+        for rx in receivers {
+            let weak = Arc::downgrade(&server);
+            let address = server.address.clone();
+            let settings = settings.clone();
+            tokio::spawn(async move { connection_slot(rx, address, settings, weak).await });
+        }
+        server
+    }
+
+    /// The server line (id, weight, name) it was started with.
+    pub fn line(&self) -> &ServerLine {
+        &self.line
+    }
+
+    /// The server id.
+    pub fn id(&self) -> &str {
+        &self.line.id
+    }
+
+    /// Whether the last connection attempt failed.
+    pub fn is_down(&self) -> bool {
+        self.down.load(Relaxed)
+    }
+
+    /// Consecutive failures so far.
+    pub fn failures(&self) -> u32 {
+        self.failures.load(Relaxed)
+    }
+
+    /// Queues a request and returns the channel its reply arrives on. Waits
+    /// only when the connection's queue is full (backpressure).
+    pub async fn submit(&self, data: Bytes, kind: ReplyKind) -> oneshot::Receiver<Result<Reply, BackendError>> {
+        let (tx, rx) = oneshot::channel();
+        self.stats.requests.fetch_add(1, Relaxed);
+        let i = self.next.fetch_add(1, Relaxed) % self.queues.len();
+        let job = Job { data, kind, reply: tx };
+        if let Err(mpsc::error::SendError(job)) = self.queues[i].send(job).await {
+            let _ = job.reply.send(Err(BackendError::Gone));
+        }
+        rx
+    }
+
+    /// Sends a request and waits for its reply.
+    pub async fn call(&self, data: Bytes, kind: ReplyKind) -> Result<Reply, BackendError> {
+        let started = Instant::now();
+        let rx = self.submit(data, kind).await;
+        self.finish(rx, started).await
+    }
+
+    /// Waits for a submitted request's reply and records the outcome.
+    pub async fn finish(
+        &self,
+        rx: oneshot::Receiver<Result<Reply, BackendError>>,
+        started: Instant,
+    ) -> Result<Reply, BackendError> {
+        let result = rx.await.unwrap_or_else(|_| Err(BackendError::Closed("connection reset".into())));
+        match &result {
+            Ok(_) => {
+                self.stats.latency.observe(started.elapsed());
+                self.failures.store(0, Relaxed);
+            }
+            Err(e) => {
+                self.stats.errors.fetch_add(1, Relaxed);
+                if *e == BackendError::Timeout {
+                    self.stats.timeouts.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        result
+    }
+
+    /// Forgets past failures (when an ejected server gets another chance).
+    pub fn reset_failures(&self) {
+        self.failures.store(0, Relaxed);
+    }
+
+    fn record_failure(&self, why: &str) {
+        let n = self.failures.fetch_add(1, Relaxed) + 1;
+        if n == self.failure_limit {
+            tracing::warn!(server = %self.line.id, failures = n, "server failing: {why}");
+            if let Some(tx) = &self.on_failure {
+                let _ = tx.send(self.line.id.clone());
+            }
+        }
+    }
+
+    fn record_connected(&self) {
+        self.stats.connections.fetch_add(1, Relaxed);
+        if self.down.swap(false, Relaxed) {
+            tracing::info!(server = %self.line.id, "server reachable again");
+        }
+    }
+}
+
+type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
+type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
+
+async fn connect(address: &Address, timeout: Option<Duration>) -> std::io::Result<(BoxRead, BoxWrite)> {
+    let limit = timeout.unwrap_or(Duration::from_secs(10)).max(Duration::from_millis(100));
+    let connecting = async {
+        match address {
+            Address::Tcp(a) => {
+                let s = tokio::net::TcpStream::connect(a.as_str()).await?;
+                s.set_nodelay(true)?;
+                let (r, w) = s.into_split();
+                Ok::<(BoxRead, BoxWrite), std::io::Error>((Box::new(r), Box::new(w)))
+            }
+            Address::Unix(p) => {
+                let s = tokio::net::UnixStream::connect(p).await?;
+                let (r, w) = s.into_split();
+                Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
+            }
+        }
+    };
+    match tokio::time::timeout(limit, connecting).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")),
+    }
+}
+
+/// Back-off between connection attempts to an unreachable server; requests
+/// arriving meanwhile fail at once.
+const RETRY_BACKOFF: Duration = Duration::from_millis(200);
+
+async fn connection_slot(
+    mut rx: mpsc::Receiver<Job>,
+    address: Address,
+    settings: BackendSettings,
+    server: std::sync::Weak<Server>,
+) {
+    let mut first: Option<Job> = None;
+    let mut eager = settings.preconnect;
+    loop {
+        if !eager && first.is_none() {
+            match rx.recv().await {
+                Some(job) => first = Some(job),
+                None => return,
+            }
+        }
+        eager = false;
+        match connect(&address, settings.timeout).await {
+            Ok((r, w)) => {
+                if let Some(s) = server.upgrade() {
+                    s.record_connected();
+                }
+                let outcome = run_connection(r, w, first.take(), &mut rx, settings.timeout).await;
+                match outcome {
+                    Ok(()) => return, // the server was dropped: queue closed
+                    Err(why) => {
+                        tracing::debug!(?address, "backend connection closed: {why}");
+                        if let Some(s) = server.upgrade() {
+                            s.record_failure(&why);
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let why = format!("{e}");
+                let Some(s) = server.upgrade() else { return };
+                s.down.store(true, Relaxed);
+                s.record_failure(&why);
+                drop(s);
+                let err = BackendError::Connect(why);
+                if let Some(job) = first.take() {
+                    let _ = job.reply.send(Err(err.clone()));
+                }
+                // Fail fast until the next attempt.
+                let until = tokio::time::Instant::now() + RETRY_BACKOFF;
+                loop {
+                    tokio::select! {
+                        job = rx.recv() => match job {
+                            Some(job) => { let _ = job.reply.send(Err(err.clone())); }
+                            None => return,
+                        },
+                        _ = tokio::time::sleep_until(until) => break,
+                    }
+                }
+                eager = true;
+            }
+        }
+    }
+}
+
+/// A request written and waiting for its reply.
+struct InFlight {
+    kind: ReplyKind,
+    reply: ReplyTx,
+    deadline: Option<tokio::time::Instant>,
+}
+
+/// Runs one connection until it fails (`Err`) or the queue closes (`Ok`).
+async fn run_connection(
+    r: BoxRead,
+    mut w: BoxWrite,
+    first: Option<Job>,
+    rx: &mut mpsc::Receiver<Job>,
+    timeout: Option<Duration>,
+) -> Result<(), String> {
+    let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<InFlight>();
+    let mut reader = tokio::spawn(read_replies(r, inflight_rx));
+    let mut batch = BytesMut::with_capacity(16 * 1024);
+    let mut pending = first;
+    loop {
+        let job = match pending.take() {
+            Some(job) => Some(job),
+            None => tokio::select! {
+                job = rx.recv() => job,
+                done = &mut reader => {
+                    return Err(match done {
+                        Ok(Ok(())) => "reader finished".into(),
+                        Ok(Err(why)) => why,
+                        Err(e) => format!("reader task: {e}"),
+                    });
+                }
+            },
+        };
+        let Some(job) = job else {
+            // Queue closed: let outstanding replies arrive, then stop.
+            drop(inflight_tx);
+            let _ = w.shutdown().await;
+            let _ = reader.await;
+            return Ok(());
+        };
+        batch.clear();
+        let mut jobs = vec![job];
+        // Coalesce what is already queued into one write.
+        while batch.len() < 64 * 1024 {
+            match rx.try_recv() {
+                Ok(j) => jobs.push(j),
+                Err(_) => break,
+            }
+        }
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        for job in jobs {
+            batch.extend_from_slice(&job.data);
+            if inflight_tx.send(InFlight { kind: job.kind, reply: job.reply, deadline }).is_err() {
+                return Err("reader stopped".into());
+            }
+        }
+        let write = w.write_all(&batch);
+        let result = match timeout {
+            Some(t) => {
+                tokio::time::timeout(t, write).await.unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+            }
+            None => write.await,
+        };
+        if let Err(e) = result {
+            // The reader answers what it holds when its channel closes.
+            drop(inflight_tx);
+            reader.abort();
+            return Err(format!("write: {e}"));
+        }
+    }
+}
+
+/// Reads replies and answers in-flight requests in order. Returns why it stopped.
+async fn read_replies(mut r: BoxRead, mut inflight: mpsc::UnboundedReceiver<InFlight>) -> Result<(), String> {
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut waiting: VecDeque<InFlight> = VecDeque::new();
+    let fail_all =
+        |waiting: &mut VecDeque<InFlight>, inflight: &mut mpsc::UnboundedReceiver<InFlight>, err: BackendError| {
+            for f in waiting.drain(..) {
+                let _ = f.reply.send(Err(err.clone()));
+            }
+            inflight.close();
+            while let Ok(f) = inflight.try_recv() {
+                let _ = f.reply.send(Err(err.clone()));
+            }
+        };
+    loop {
+        while let Ok(f) = inflight.try_recv() {
+            waiting.push_back(f);
+        }
+        while let Some(front) = waiting.front() {
+            match parse_reply(&mut buf, front.kind) {
+                ReplyParse::Done(reply) => {
+                    if let Some(f) = waiting.pop_front() {
+                        let _ = f.reply.send(Ok(reply));
+                    }
+                }
+                ReplyParse::Incomplete => break,
+                ReplyParse::Invalid(e) => {
+                    fail_all(&mut waiting, &mut inflight, BackendError::Protocol(e.clone()));
+                    return Err(e);
+                }
+            }
+        }
+        let deadline = waiting.front().and_then(|f| f.deadline);
+        tokio::select! {
+            f = inflight.recv(), if waiting.is_empty() => match f {
+                Some(f) => waiting.push_back(f),
+                None => return Ok(()),
+            },
+            n = r.read_buf(&mut buf) => match n {
+                Ok(0) => {
+                    fail_all(&mut waiting, &mut inflight, BackendError::Closed("server closed the connection".into()));
+                    return Err("server closed the connection".into());
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    fail_all(&mut waiting, &mut inflight, BackendError::Closed(e.to_string()));
+                    return Err(e.to_string());
+                }
+            },
+            _ = sleep_until_opt(deadline) => {
+                fail_all(&mut waiting, &mut inflight, BackendError::Timeout);
+                return Err("reply timed out".into());
+            }
+        }
+    }
+}
+
+async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}

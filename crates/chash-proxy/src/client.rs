@@ -1,0 +1,357 @@
+//! Client connections: parse requests, send each to its server at once, and
+//! write replies back in request order.
+//!
+//! The reader half parses requests and dispatches them immediately (so a
+//! client's pipelined requests are all in flight together); each dispatch
+//! yields a future of the reply bytes, queued in request order to the writer
+//! half, which awaits them one by one. A reply can only ever go to the
+//! connection whose request produced it.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+use crate::backend::{BackendError, Server};
+use crate::memcache::request::valid_key;
+use crate::memcache::{parse_request, Parsed, Reply, ReplyKind, Request};
+use crate::pool::Pool;
+use crate::Shared;
+
+/// A reply in the making: `None` means nothing is written (noreply).
+type PendingReply = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
+
+fn ready(bytes: &'static [u8]) -> PendingReply {
+    Box::pin(std::future::ready(Some(Bytes::from_static(bytes))))
+}
+
+fn ready_owned(bytes: Bytes) -> PendingReply {
+    Box::pin(std::future::ready(Some(bytes)))
+}
+
+fn server_error(server: &Server, e: &BackendError) -> Bytes {
+    Bytes::from(format!("SERVER_ERROR backend {} {e}\r\n", server.id()))
+}
+
+/// Requests a client may have outstanding before the proxy stops reading.
+const MAX_PIPELINE: usize = 1024;
+
+/// Serves one client connection until it closes, quits, idles out, or the
+/// proxy shuts down (in-flight requests are answered first).
+pub async fn serve<S>(stream: S, pool: Arc<Pool>, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (mut r, mut w) = tokio::io::split(stream);
+    let (tx, rx) = mpsc::channel::<PendingReply>(MAX_PIPELINE);
+    let writer = tokio::spawn(async move {
+        let _ = write_replies(&mut w, rx).await;
+        let _ = w.shutdown().await;
+    });
+    let mut buf = BytesMut::with_capacity(16 * 1024);
+    let mut discard = 0usize;
+    let idle = shared.options.client_idle_timeout;
+    'conn: loop {
+        let read = r.read_buf(&mut buf);
+        let n = tokio::select! {
+            n = read => n,
+            _ = shutdown.changed() => break 'conn,
+            _ = sleep_opt(idle) => break 'conn,
+        };
+        match n {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        loop {
+            if discard > 0 {
+                let d = discard.min(buf.len());
+                let _ = buf.split_to(d);
+                discard -= d;
+                if discard > 0 {
+                    continue 'conn;
+                }
+            }
+            match parse_request(&mut buf, shared.options.max_value_size) {
+                Parsed::Incomplete => break,
+                Parsed::Refused { reply, skip, close } => {
+                    pool.stats.errors.fetch_add(1, Relaxed);
+                    if tx.send(ready(reply)).await.is_err() {
+                        break 'conn;
+                    }
+                    discard = skip;
+                    if close {
+                        break 'conn;
+                    }
+                }
+                Parsed::Request(Request::Quit) => break 'conn,
+                Parsed::Request(req) => {
+                    pool.stats.requests.fetch_add(1, Relaxed);
+                    let reply = dispatch(&pool, &shared, req).await;
+                    if tx.send(reply).await.is_err() {
+                        break 'conn;
+                    }
+                }
+            }
+        }
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Polls a future once without a real waker: replies already available are
+/// gathered into one write.
+fn poll_now(f: &mut PendingReply) -> Poll<Option<Bytes>> {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    f.as_mut().poll(&mut cx)
+}
+
+async fn write_replies<W: AsyncWrite + Unpin>(w: &mut W, mut rx: mpsc::Receiver<PendingReply>) -> std::io::Result<()> {
+    let mut out = BytesMut::with_capacity(16 * 1024);
+    loop {
+        let mut next = match rx.try_recv() {
+            Ok(p) => p,
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                if !out.is_empty() {
+                    w.write_all(&out).await?;
+                    out.clear();
+                }
+                match rx.recv().await {
+                    Some(p) => p,
+                    None => break,
+                }
+            }
+        };
+        let bytes = match poll_now(&mut next) {
+            Poll::Ready(b) => b,
+            Poll::Pending => {
+                if !out.is_empty() {
+                    w.write_all(&out).await?;
+                    out.clear();
+                }
+                next.await
+            }
+        };
+        if let Some(b) = bytes {
+            out.extend_from_slice(&b);
+        }
+        if out.len() >= 64 * 1024 {
+            w.write_all(&out).await?;
+            out.clear();
+        }
+    }
+    if !out.is_empty() {
+        w.write_all(&out).await?;
+    }
+    w.flush().await
+}
+
+/// Sends a request on its way and returns the future of its reply.
+async fn dispatch(pool: &Arc<Pool>, shared: &Arc<Shared>, req: Request) -> PendingReply {
+    match req {
+        Request::Retrieval { .. } => retrieval(pool, req).await,
+        Request::Storage { .. } | Request::Delete { .. } | Request::Arith { .. } | Request::Touch { .. } => {
+            if matches!(req, Request::Storage { .. }) {
+                pool.stats.cmd_set.fetch_add(1, Relaxed);
+            }
+            single_key(pool, req).await
+        }
+        Request::FlushAll { noreply, .. } => flush_all(pool, &req, noreply).await,
+        Request::Version => ready_owned(Bytes::from(format!("VERSION chash-proxy-{}\r\n", env!("CARGO_PKG_VERSION")))),
+        Request::Verbosity { noreply: true } => Box::pin(std::future::ready(None)),
+        Request::Verbosity { noreply: false } => ready(b"OK\r\n"),
+        Request::Stats { group } => ready_owned(stats_reply(pool, shared, group.as_deref())),
+        Request::Quit => Box::pin(std::future::ready(None)),
+    }
+}
+
+async fn single_key(pool: &Arc<Pool>, req: Request) -> PendingReply {
+    let noreply = req.noreply();
+    let Some(key) = req.single_key() else { return ready(b"ERROR\r\n") };
+    let Some(server) = pool.state().server_for(key).cloned() else {
+        pool.stats.errors.fetch_add(1, Relaxed);
+        return if noreply {
+            Box::pin(std::future::ready(None))
+        } else {
+            ready(b"SERVER_ERROR no live server in pool\r\n")
+        };
+    };
+    let mut data = BytesMut::new();
+    req.encode(&mut data);
+    let started = Instant::now();
+    let rx = server.submit(data.freeze(), ReplyKind::Line).await;
+    let pool = pool.clone();
+    Box::pin(async move {
+        let result = server.finish(rx, started).await;
+        let bytes = match result {
+            Ok(Reply::Line(line)) => line,
+            Ok(Reply::Values(_)) => {
+                Bytes::from_static(b"SERVER_ERROR backend sent values to a non-retrieval command\r\n")
+            }
+            Err(e) => {
+                pool.stats.errors.fetch_add(1, Relaxed);
+                server_error(&server, &e)
+            }
+        };
+        (!noreply).then_some(bytes)
+    })
+}
+
+async fn retrieval(pool: &Arc<Pool>, req: Request) -> PendingReply {
+    let Request::Retrieval { cmd, exptime, keys } = req else { return ready(b"ERROR\r\n") };
+    pool.stats.cmd_get.fetch_add(1, Relaxed);
+    pool.stats.get_keys.fetch_add(keys.len() as u64, Relaxed);
+    // Group the distinct keys by server, in first-seen order.
+    let state = pool.state();
+    let mut groups: Vec<(Arc<Server>, Vec<Bytes>)> = Vec::new();
+    let mut seen: HashMap<&[u8], ()> = HashMap::new();
+    for key in &keys {
+        if seen.insert(&key[..], ()).is_some() {
+            continue;
+        }
+        let Some(server) = state.server_for(key) else {
+            pool.stats.errors.fetch_add(1, Relaxed);
+            return ready(b"SERVER_ERROR no live server in pool\r\n");
+        };
+        match groups.iter_mut().find(|(s, _)| Arc::ptr_eq(s, server)) {
+            Some((_, ks)) => ks.push(key.clone()),
+            None => groups.push((server.clone(), vec![key.clone()])),
+        }
+    }
+    drop(state);
+    let mut waits = Vec::with_capacity(groups.len());
+    for (server, group_keys) in groups {
+        let mut data = BytesMut::new();
+        Request::Retrieval { cmd, exptime, keys: group_keys }.encode(&mut data);
+        let started = Instant::now();
+        let rx = server.submit(data.freeze(), ReplyKind::Values).await;
+        waits.push((server, rx, started));
+    }
+    let pool = pool.clone();
+    Box::pin(async move {
+        let mut found: HashMap<Bytes, Bytes> = HashMap::new();
+        let mut failure: Option<Bytes> = None;
+        for (server, rx, started) in waits {
+            match server.finish(rx, started).await {
+                Ok(Reply::Values(values)) => {
+                    for v in values {
+                        found.entry(v.key).or_insert(v.raw);
+                    }
+                }
+                Ok(Reply::Line(line)) => failure = failure.or(Some(line)),
+                Err(e) => failure = failure.or_else(|| Some(server_error(&server, &e))),
+            }
+        }
+        if let Some(f) = failure {
+            pool.stats.errors.fetch_add(1, Relaxed);
+            return Some(f);
+        }
+        let mut out = BytesMut::new();
+        let mut hits = 0;
+        for key in &keys {
+            if let Some(raw) = found.get(key) {
+                out.extend_from_slice(raw);
+                hits += 1;
+            }
+        }
+        pool.stats.get_hits.fetch_add(hits, Relaxed);
+        out.extend_from_slice(b"END\r\n");
+        Some(out.freeze())
+    })
+}
+
+async fn flush_all(pool: &Arc<Pool>, req: &Request, noreply: bool) -> PendingReply {
+    let servers: Vec<Arc<Server>> = pool.state().members.iter().map(|m| m.server.clone()).collect();
+    let mut data = BytesMut::new();
+    req.encode(&mut data);
+    let data = data.freeze();
+    let mut waits = Vec::new();
+    for server in servers {
+        let started = Instant::now();
+        let rx = server.submit(data.clone(), ReplyKind::Line).await;
+        waits.push((server, rx, started));
+    }
+    Box::pin(async move {
+        let mut reply = Bytes::from_static(b"OK\r\n");
+        for (server, rx, started) in waits {
+            match server.finish(rx, started).await {
+                Ok(Reply::Line(line)) if &line[..] == b"OK\r\n" => {}
+                Ok(Reply::Line(line)) => reply = line,
+                Ok(Reply::Values(_)) => reply = Bytes::from_static(b"SERVER_ERROR unexpected reply to flush_all\r\n"),
+                Err(e) => reply = server_error(&server, &e),
+            }
+        }
+        (!noreply).then_some(reply)
+    })
+}
+
+/// The proxy's own counters in memcached's `stats` format.
+fn stats_reply(pool: &Pool, shared: &Shared, group: Option<&[u8]>) -> Bytes {
+    match group {
+        None => {}
+        Some(b"reset") => {
+            // Counters here feed the admin endpoint too; they are not reset.
+            return Bytes::from_static(b"RESET\r\n");
+        }
+        Some(b"settings") => {
+            let o = &shared.options;
+            return Bytes::from(format!(
+                "STAT item_size_max {}\r\nSTAT idle_timeout {}\r\nEND\r\n",
+                o.max_value_size,
+                o.client_idle_timeout.map_or(0, |d| d.as_secs())
+            ));
+        }
+        // Groups such as items and slabs describe a server's memory, which a
+        // proxy does not have; unknown ones are errors, as in memcached.
+        Some(_) => return Bytes::from_static(b"ERROR\r\n"),
+    }
+    let s = &pool.stats;
+    let mut out = String::new();
+    let mut stat = |name: &str, value: String| {
+        out.push_str("STAT ");
+        out.push_str(name);
+        out.push(' ');
+        out.push_str(&value);
+        out.push_str("\r\n");
+    };
+    stat("pid", std::process::id().to_string());
+    stat("uptime", shared.started.elapsed().as_secs().to_string());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    stat("time", now.to_string());
+    stat("version", format!("chash-proxy-{}", env!("CARGO_PKG_VERSION")));
+    stat("pool", pool.name.clone());
+    stat("curr_connections", s.curr_connections.load(Relaxed).to_string());
+    stat("total_connections", s.total_connections.load(Relaxed).to_string());
+    stat("rejected_connections", s.rejected_connections.load(Relaxed).to_string());
+    stat("cmd_get", s.cmd_get.load(Relaxed).to_string());
+    stat("cmd_set", s.cmd_set.load(Relaxed).to_string());
+    stat("get_keys", s.get_keys.load(Relaxed).to_string());
+    stat("get_hits", s.get_hits.load(Relaxed).to_string());
+    stat("get_misses", (s.get_keys.load(Relaxed).saturating_sub(s.get_hits.load(Relaxed))).to_string());
+    stat("requests", s.requests.load(Relaxed).to_string());
+    stat("errors", s.errors.load(Relaxed).to_string());
+    let state = pool.state();
+    stat("servers", state.members.len().to_string());
+    stat("live_servers", state.live().count().to_string());
+    out.push_str("END\r\n");
+    Bytes::from(out)
+}
+
+/// Whether `key` may be routed (for callers outside the parser).
+pub fn routable(key: &[u8]) -> bool {
+    valid_key(key)
+}

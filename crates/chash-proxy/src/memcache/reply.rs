@@ -1,0 +1,155 @@
+//! Backend replies: what memcached sends back for each request, split so that
+//! replies are matched to requests in order and multi-key replies can be
+//! taken apart per key.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+/// The shape of reply a request expects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyKind {
+    /// One line (`STORED`, `DELETED`, a number, `OK`, `VERSION ...`, ...).
+    Line,
+    /// Zero or more `VALUE` blocks, then `END`.
+    Values,
+}
+
+/// One `VALUE` block of a retrieval reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Value {
+    /// The key.
+    pub key: Bytes,
+    /// The whole block, `VALUE ...\r\n<data>\r\n`, as the backend sent it.
+    pub raw: Bytes,
+}
+
+/// A complete reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// A one-line reply, with its `\r\n` (also an error line to a retrieval).
+    Line(Bytes),
+    /// The values of a retrieval (the `END` line consumed).
+    Values(Vec<Value>),
+}
+
+/// What the parser made of the front of a backend's byte stream.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ReplyParse {
+    /// A whole reply; its bytes have been taken.
+    Done(Reply),
+    /// More bytes are needed.
+    Incomplete,
+    /// The backend sent something that is not a memcached reply.
+    Invalid(String),
+}
+
+const MAX_REPLY_LINE: usize = 64 * 1024;
+
+fn is_error_line(line: &[u8]) -> bool {
+    line == b"ERROR" || line.starts_with(b"CLIENT_ERROR") || line.starts_with(b"SERVER_ERROR")
+}
+
+/// Parses one reply of `kind` from the front of `buf`, taking its bytes when
+/// it is complete.
+pub fn parse_reply(buf: &mut BytesMut, kind: ReplyKind) -> ReplyParse {
+    match kind {
+        ReplyKind::Line => match line_at(buf, 0) {
+            Some(Ok(end)) => ReplyParse::Done(Reply::Line(buf.split_to(end).freeze())),
+            Some(Err(e)) => ReplyParse::Invalid(e),
+            None => ReplyParse::Incomplete,
+        },
+        ReplyKind::Values => values(buf),
+    }
+}
+
+/// End (after `\n`) of the line starting at `from`.
+fn line_at(buf: &[u8], from: usize) -> Option<Result<usize, String>> {
+    match buf[from..].iter().position(|&b| b == b'\n') {
+        Some(i) => Some(Ok(from + i + 1)),
+        None if buf.len() - from > MAX_REPLY_LINE => Some(Err("reply line too long".into())),
+        None => None,
+    }
+}
+
+fn values(buf: &mut BytesMut) -> ReplyParse {
+    // First find the whole reply without consuming; then split it.
+    let mut pos = 0;
+    let mut blocks: Vec<(usize, usize, usize, usize)> = Vec::new(); // (start, end, key_start, key_end)
+    loop {
+        let end = match line_at(buf, pos) {
+            Some(Ok(end)) => end,
+            Some(Err(e)) => return ReplyParse::Invalid(e),
+            None => return ReplyParse::Incomplete,
+        };
+        let line = trim_crlf(&buf[pos..end]);
+        if line == b"END" {
+            break;
+        }
+        if blocks.is_empty() && is_error_line(line) {
+            return ReplyParse::Done(Reply::Line(buf.split_to(end).freeze()));
+        }
+        let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
+        let (Some(b"VALUE"), Some(key), Some(_flags), Some(len)) =
+            (words.next(), words.next(), words.next(), words.next())
+        else {
+            return ReplyParse::Invalid(format!("unexpected reply line {:?}", String::from_utf8_lossy(line)));
+        };
+        let Some(len) = std::str::from_utf8(len).ok().and_then(|l| l.parse::<usize>().ok()) else {
+            return ReplyParse::Invalid("bad VALUE length".into());
+        };
+        let key_start = key.as_ptr() as usize - buf.as_ptr() as usize;
+        let block_end = end + len + 2;
+        if buf.len() < block_end {
+            buf.reserve(block_end - buf.len());
+            return ReplyParse::Incomplete;
+        }
+        if &buf[end + len..block_end] != b"\r\n" {
+            return ReplyParse::Invalid("VALUE data not followed by CRLF".into());
+        }
+        blocks.push((pos, block_end, key_start, key_start + key.len()));
+        pos = block_end;
+    }
+    let end_line = line_at(buf, pos).and_then(Result::ok).unwrap_or(pos);
+    let all = buf.split_to(end_line).freeze();
+    let values = blocks
+        .into_iter()
+        .map(|(start, end, ks, ke)| Value { key: all.slice(ks..ke), raw: all.slice(start..end) })
+        .collect();
+    ReplyParse::Done(Reply::Values(values))
+}
+
+fn trim_crlf(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// Whether a one-line reply is an error memcached sent.
+pub fn line_is_error(line: &[u8]) -> bool {
+    is_error_line(trim_crlf(line))
+}
+
+/// Skips `n` bytes of `buf` (helper for callers that consumed a reply elsewhere).
+pub fn advance(buf: &mut BytesMut, n: usize) {
+    buf.advance(n.min(buf.len()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_and_lines() {
+        let mut b = BytesMut::from(&b"VALUE a 0 1\r\nx\r\nVALUE bb 3 2 77\r\nyz\r\nEND\r\nSTORED\r\n"[..]);
+        let ReplyParse::Done(Reply::Values(v)) = parse_reply(&mut b, ReplyKind::Values) else { panic!() };
+        assert_eq!(v.len(), 2);
+        assert_eq!(&v[1].key[..], b"bb");
+        assert_eq!(&v[1].raw[..], b"VALUE bb 3 2 77\r\nyz\r\n");
+        assert_eq!(parse_reply(&mut b, ReplyKind::Line), ReplyParse::Done(Reply::Line("STORED\r\n".into())));
+        let mut b = BytesMut::from(&b"VALUE a 0 5\r\nxy"[..]);
+        assert_eq!(parse_reply(&mut b, ReplyKind::Values), ReplyParse::Incomplete);
+        assert_eq!(b.len(), 15, "nothing consumed");
+        let mut b = BytesMut::from(&b"SERVER_ERROR out of memory\r\n"[..]);
+        assert!(matches!(parse_reply(&mut b, ReplyKind::Values), ReplyParse::Done(Reply::Line(_))));
+        let mut b = BytesMut::from(&b"HELLO\r\n"[..]);
+        assert!(matches!(parse_reply(&mut b, ReplyKind::Values), ReplyParse::Invalid(_)));
+    }
+}

@@ -1,0 +1,549 @@
+//! Client requests: a cheap scan for a complete line, then a parse of that
+//! line, then (for storage commands) the data block.
+//!
+//! The parser never allocates more than the request itself needs: a storage
+//! command's data is only buffered when it fits the configured maximum; a
+//! larger one is answered at once and its bytes are skipped as they arrive.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+/// memcached's key length limit.
+pub const MAX_KEY_LEN: usize = 250;
+
+/// A command line longer than this without `\r\n` is refused and the
+/// connection closed (a get of 200 maximal keys fits).
+pub const MAX_LINE: usize = 64 * 1024;
+
+/// `set`, `add`, `replace`, `append`, `prepend`, `cas`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StorageCmd {
+    /// `set`
+    Set,
+    /// `add`
+    Add,
+    /// `replace`
+    Replace,
+    /// `append`
+    Append,
+    /// `prepend`
+    Prepend,
+    /// `cas`
+    Cas,
+}
+
+impl StorageCmd {
+    /// The command word.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageCmd::Set => "set",
+            StorageCmd::Add => "add",
+            StorageCmd::Replace => "replace",
+            StorageCmd::Append => "append",
+            StorageCmd::Prepend => "prepend",
+            StorageCmd::Cas => "cas",
+        }
+    }
+}
+
+/// `get`, `gets`, `gat`, `gats`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetrievalCmd {
+    /// `get`
+    Get,
+    /// `gets` (values carry their cas unique)
+    Gets,
+    /// `gat` (get and touch)
+    Gat,
+    /// `gats`
+    Gats,
+}
+
+impl RetrievalCmd {
+    /// The command word.
+    pub fn name(self) -> &'static str {
+        match self {
+            RetrievalCmd::Get => "get",
+            RetrievalCmd::Gets => "gets",
+            RetrievalCmd::Gat => "gat",
+            RetrievalCmd::Gats => "gats",
+        }
+    }
+
+    /// Whether values carry a cas unique.
+    pub fn with_cas(self) -> bool {
+        matches!(self, RetrievalCmd::Gets | RetrievalCmd::Gats)
+    }
+}
+
+/// `incr` or `decr`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArithOp {
+    /// `incr`
+    Incr,
+    /// `decr`
+    Decr,
+}
+
+/// One client request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Request {
+    /// A storage command with its data block.
+    Storage {
+        /// Which one.
+        cmd: StorageCmd,
+        /// The key.
+        key: Bytes,
+        /// Opaque client flags.
+        flags: u32,
+        /// Expiration time as sent.
+        exptime: i64,
+        /// The value.
+        data: Bytes,
+        /// The cas unique (`cas` only).
+        cas: u64,
+        /// Whether the client wants no reply.
+        noreply: bool,
+    },
+    /// A retrieval command.
+    Retrieval {
+        /// Which one.
+        cmd: RetrievalCmd,
+        /// Expiration time for `gat`/`gats`.
+        exptime: i64,
+        /// The keys, in the client's order (duplicates kept).
+        keys: Vec<Bytes>,
+    },
+    /// `delete <key> [noreply]`
+    Delete {
+        /// The key.
+        key: Bytes,
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// `incr`/`decr <key> <value> [noreply]`
+    Arith {
+        /// Which one.
+        op: ArithOp,
+        /// The key.
+        key: Bytes,
+        /// The amount.
+        delta: u64,
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// `touch <key> <exptime> [noreply]`
+    Touch {
+        /// The key.
+        key: Bytes,
+        /// New expiration time.
+        exptime: i64,
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// `flush_all [delay] [noreply]`
+    FlushAll {
+        /// Delay in seconds, if given.
+        delay: Option<i64>,
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// `version`
+    Version,
+    /// `verbosity <level> [noreply]`
+    Verbosity {
+        /// No reply wanted.
+        noreply: bool,
+    },
+    /// `stats [group]`
+    Stats {
+        /// The group asked for, if any.
+        group: Option<Bytes>,
+    },
+    /// `quit`
+    Quit,
+}
+
+/// What the parser made of the bytes at the front of the buffer.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Parsed {
+    /// A whole request; its bytes have been taken from the buffer.
+    Request(Request),
+    /// More bytes are needed.
+    Incomplete,
+    /// A request that gets `reply` and nothing else; its line has been taken.
+    /// `skip` more bytes (a refused data block) are to be discarded as they
+    /// arrive; `close` asks the connection to be closed after the reply.
+    Refused {
+        /// The reply line, with `\r\n`.
+        reply: &'static [u8],
+        /// Bytes to discard after the line.
+        skip: usize,
+        /// Whether the connection must be closed.
+        close: bool,
+    },
+}
+
+const ERROR: &[u8] = b"ERROR\r\n";
+const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
+const BAD_CHUNK: &[u8] = b"CLIENT_ERROR bad data chunk\r\n";
+const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
+const LINE_TOO_LONG: &[u8] = b"CLIENT_ERROR line too long\r\n";
+
+fn refused(reply: &'static [u8]) -> Parsed {
+    Parsed::Refused { reply, skip: 0, close: false }
+}
+
+/// A key memcached accepts: 1 to 250 bytes, no control characters or spaces.
+pub fn valid_key(key: &[u8]) -> bool {
+    !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
+fn num<T: std::str::FromStr>(word: &[u8]) -> Option<T> {
+    std::str::from_utf8(word).ok()?.parse().ok()
+}
+
+/// Parses one request from the front of `buf`, taking its bytes when it is
+/// complete. `max_value` is the largest data block accepted.
+pub fn parse_request(buf: &mut BytesMut, max_value: usize) -> Parsed {
+    let Some(nl) = memchr_newline(buf) else {
+        if buf.len() > MAX_LINE {
+            buf.clear();
+            return Parsed::Refused { reply: LINE_TOO_LONG, skip: 0, close: true };
+        }
+        return Parsed::Incomplete;
+    };
+    // The line without "\r\n" (a bare "\n" is accepted, as memcached does).
+    let line_end = if nl > 0 && buf[nl - 1] == b'\r' { nl - 1 } else { nl };
+    let line_len = nl + 1;
+    // One copy of the line; keys are slices of it.
+    let line = Bytes::copy_from_slice(&buf[..line_end]);
+    let words: Vec<&[u8]> = line.split(|&b| b == b' ').filter(|w| !w.is_empty()).collect();
+    let Some(&cmd) = words.first() else {
+        buf.advance(line_len);
+        return refused(ERROR);
+    };
+    match cmd {
+        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
+            storage(buf, &line, &words, line_len, max_value)
+        }
+        b"get" | b"gets" | b"gat" | b"gats" => {
+            let (rcmd, first_key) = match cmd {
+                b"get" => (RetrievalCmd::Get, 1),
+                b"gets" => (RetrievalCmd::Gets, 1),
+                b"gat" => (RetrievalCmd::Gat, 2),
+                _ => (RetrievalCmd::Gats, 2),
+            };
+            let exptime = if first_key == 2 { words.get(1).and_then(|w| num::<i64>(w)) } else { Some(0) };
+            let keys = &words[first_key.min(words.len())..];
+            let result = match exptime {
+                Some(exptime) if !keys.is_empty() && keys.iter().all(|k| valid_key(k)) => {
+                    let keys = keys.iter().map(|k| line.slice_ref(k)).collect();
+                    Parsed::Request(Request::Retrieval { cmd: rcmd, exptime, keys })
+                }
+                Some(_) if keys.is_empty() => refused(ERROR),
+                _ => refused(BAD_FORMAT),
+            };
+            buf.advance(line_len);
+            result
+        }
+        b"delete" => {
+            // delete <key> [0] [noreply]: memcached still accepts a zero time.
+            let noreply = words.last() == Some(&&b"noreply"[..]) && words.len() > 2;
+            let rest = words.len() - usize::from(noreply);
+            let ok = (rest == 2 || (rest == 3 && words[2] == b"0")) && valid_key(words[1]);
+            let result = if ok {
+                Parsed::Request(Request::Delete { key: line.slice_ref(words[1]), noreply })
+            } else if rest >= 3 {
+                refused(b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n")
+            } else {
+                refused(BAD_FORMAT)
+            };
+            buf.advance(line_len);
+            result
+        }
+        b"incr" | b"decr" => {
+            let noreply = words.len() == 4 && words[3] == b"noreply";
+            let result = if (words.len() == 3 || noreply) && valid_key(words[1]) {
+                match num::<u64>(words[2]) {
+                    Some(delta) => Parsed::Request(Request::Arith {
+                        op: if cmd == b"incr" { ArithOp::Incr } else { ArithOp::Decr },
+                        key: line.slice_ref(words[1]),
+                        delta,
+                        noreply,
+                    }),
+                    None => refused(b"CLIENT_ERROR invalid numeric delta argument\r\n"),
+                }
+            } else {
+                refused(BAD_FORMAT)
+            };
+            buf.advance(line_len);
+            result
+        }
+        b"touch" => {
+            let noreply = words.len() == 4 && words[3] == b"noreply";
+            let result = match ((words.len() == 3 || noreply) && valid_key(words[1]), words.get(2).and_then(|w| num(w)))
+            {
+                (true, Some(exptime)) => {
+                    Parsed::Request(Request::Touch { key: line.slice_ref(words[1]), exptime, noreply })
+                }
+                (true, None) => refused(b"CLIENT_ERROR invalid exptime argument\r\n"),
+                _ => refused(BAD_FORMAT),
+            };
+            buf.advance(line_len);
+            result
+        }
+        b"flush_all" => {
+            let noreply = words.last() == Some(&&b"noreply"[..]);
+            let args = &words[1..words.len() - usize::from(noreply)];
+            let result = match args {
+                [] => Parsed::Request(Request::FlushAll { delay: None, noreply }),
+                [d] => match num::<i64>(d) {
+                    Some(d) => Parsed::Request(Request::FlushAll { delay: Some(d), noreply }),
+                    None => refused(BAD_FORMAT),
+                },
+                _ => refused(BAD_FORMAT),
+            };
+            buf.advance(line_len);
+            result
+        }
+        b"version" => {
+            buf.advance(line_len);
+            Parsed::Request(Request::Version)
+        }
+        b"verbosity" => {
+            let noreply = words.last() == Some(&&b"noreply"[..]);
+            let result = if words.len() >= 2 && words.len() <= 3 {
+                Parsed::Request(Request::Verbosity { noreply })
+            } else {
+                refused(ERROR)
+            };
+            buf.advance(line_len);
+            result
+        }
+        b"stats" => {
+            let group = words.get(1).map(|w| line.slice_ref(w));
+            buf.advance(line_len);
+            Parsed::Request(Request::Stats { group })
+        }
+        b"quit" => {
+            buf.advance(line_len);
+            Parsed::Request(Request::Quit)
+        }
+        _ => {
+            buf.advance(line_len);
+            refused(ERROR)
+        }
+    }
+}
+
+fn storage(buf: &mut BytesMut, line: &Bytes, words: &[&[u8]], line_len: usize, max_value: usize) -> Parsed {
+    let cmd = match words[0] {
+        b"set" => StorageCmd::Set,
+        b"add" => StorageCmd::Add,
+        b"replace" => StorageCmd::Replace,
+        b"append" => StorageCmd::Append,
+        b"prepend" => StorageCmd::Prepend,
+        _ => StorageCmd::Cas,
+    };
+    let fixed = if cmd == StorageCmd::Cas { 6 } else { 5 };
+    let noreply = words.len() == fixed + 1 && words[fixed] == b"noreply";
+    let parsed = if words.len() == fixed || noreply {
+        let flags = num::<u32>(words[2]);
+        let exptime = num::<i64>(words[3]);
+        let bytes = num::<i64>(words[4]);
+        let cas = if cmd == StorageCmd::Cas { num::<u64>(words[5]) } else { Some(0) };
+        match (flags, exptime, bytes, cas) {
+            (Some(f), Some(e), Some(b), Some(c)) if b >= 0 => Some((f, e, b as usize, c)),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let Some((flags, exptime, len, cas)) = parsed else {
+        // The data length is unknown: like memcached, answer and read on.
+        buf.advance(line_len);
+        return refused(BAD_FORMAT);
+    };
+    if !valid_key(words[1]) {
+        buf.advance(line_len);
+        // The length is known: skip the data block so it is not read as commands.
+        return Parsed::Refused { reply: BAD_FORMAT, skip: len + 2, close: false };
+    }
+    if len > max_value {
+        buf.advance(line_len);
+        return Parsed::Refused { reply: TOO_LARGE, skip: len + 2, close: false };
+    }
+    if buf.len() < line_len + len + 2 {
+        buf.reserve(line_len + len + 2 - buf.len());
+        return Parsed::Incomplete;
+    }
+    if &buf[line_len + len..line_len + len + 2] != b"\r\n" {
+        // memcached answers and swallows the rest of the line as a new command.
+        buf.advance(line_len + len);
+        return refused(BAD_CHUNK);
+    }
+    let key = line.slice_ref(words[1]);
+    buf.advance(line_len);
+    let data = buf.split_to(len).freeze();
+    buf.advance(2);
+    Parsed::Request(Request::Storage { cmd, key, flags, exptime, data, cas, noreply })
+}
+
+fn memchr_newline(buf: &[u8]) -> Option<usize> {
+    buf.iter().position(|&b| b == b'\n')
+}
+
+impl Request {
+    /// The key(s) this request touches, for routing (empty for proxy-level commands).
+    pub fn single_key(&self) -> Option<&Bytes> {
+        match self {
+            Request::Storage { key, .. }
+            | Request::Delete { key, .. }
+            | Request::Arith { key, .. }
+            | Request::Touch { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// Whether the client asked for no reply.
+    pub fn noreply(&self) -> bool {
+        match self {
+            Request::Storage { noreply, .. }
+            | Request::Delete { noreply, .. }
+            | Request::Arith { noreply, .. }
+            | Request::Touch { noreply, .. }
+            | Request::FlushAll { noreply, .. }
+            | Request::Verbosity { noreply } => *noreply,
+            _ => false,
+        }
+    }
+
+    /// The bytes to send a backend for this request, always asking for a
+    /// reply (the proxy drops it when the client said `noreply`, so that
+    /// replies stay matched to requests in order).
+    pub fn encode(&self, out: &mut BytesMut) {
+        use std::io::Write;
+        let mut w = out.writer();
+        // Writing to BytesMut cannot fail.
+        let _ = match self {
+            Request::Storage { cmd, key, flags, exptime, data, cas, .. } => {
+                let _ = w.write_all(cmd.name().as_bytes());
+                let _ = w.write_all(b" ");
+                let _ = w.write_all(key);
+                let _ = if *cmd == StorageCmd::Cas {
+                    write!(w, " {flags} {exptime} {} {cas}\r\n", data.len())
+                } else {
+                    write!(w, " {flags} {exptime} {}\r\n", data.len())
+                };
+                let _ = w.write_all(data);
+                w.write_all(b"\r\n")
+            }
+            Request::Retrieval { cmd, exptime, keys } => {
+                let _ = w.write_all(cmd.name().as_bytes());
+                if matches!(cmd, RetrievalCmd::Gat | RetrievalCmd::Gats) {
+                    let _ = write!(w, " {exptime}");
+                }
+                for k in keys {
+                    let _ = w.write_all(b" ");
+                    let _ = w.write_all(k);
+                }
+                w.write_all(b"\r\n")
+            }
+            Request::Delete { key, .. } => {
+                let _ = w.write_all(b"delete ");
+                let _ = w.write_all(key);
+                w.write_all(b"\r\n")
+            }
+            Request::Arith { op, key, delta, .. } => {
+                let _ = w.write_all(if *op == ArithOp::Incr { b"incr " } else { b"decr " });
+                let _ = w.write_all(key);
+                write!(w, " {delta}\r\n")
+            }
+            Request::Touch { key, exptime, .. } => {
+                let _ = w.write_all(b"touch ");
+                let _ = w.write_all(key);
+                write!(w, " {exptime}\r\n")
+            }
+            Request::FlushAll { delay: Some(d), .. } => write!(w, "flush_all {d}\r\n"),
+            Request::FlushAll { delay: None, .. } => w.write_all(b"flush_all\r\n"),
+            Request::Version => w.write_all(b"version\r\n"),
+            Request::Verbosity { .. } => w.write_all(b"verbosity 1\r\n"),
+            Request::Stats { .. } => w.write_all(b"stats\r\n"),
+            Request::Quit => w.write_all(b"quit\r\n"),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(input: &[u8]) -> (Parsed, usize) {
+        let mut buf = BytesMut::from(input);
+        let p = parse_request(&mut buf, 1024);
+        (p, buf.len())
+    }
+
+    #[test]
+    fn storage_commands() {
+        let (p, rest) = parse(b"set k 5 0 3\r\nabc\r\nget k\r\n");
+        assert_eq!(
+            p,
+            Parsed::Request(Request::Storage {
+                cmd: StorageCmd::Set,
+                key: Bytes::from_static(b"k"),
+                flags: 5,
+                exptime: 0,
+                data: Bytes::from_static(b"abc"),
+                cas: 0,
+                noreply: false
+            })
+        );
+        assert_eq!(rest, 7);
+        assert_eq!(parse(b"set k 0 0 3\r\nab").0, Parsed::Incomplete);
+        let (p, _) = parse(b"cas k 0 0 1 99 noreply\r\nx\r\n");
+        assert!(matches!(p, Parsed::Request(Request::Storage { cas: 99, noreply: true, .. })));
+        let mut enc = BytesMut::new();
+        if let Parsed::Request(r) = p {
+            r.encode(&mut enc);
+        }
+        assert_eq!(&enc[..], b"cas k 0 0 1 99\r\nx\r\n");
+    }
+
+    #[test]
+    fn refusals() {
+        let too_long_key = format!("set {} 0 0 1\r\nx\r\n", "k".repeat(251));
+        assert_eq!(parse(too_long_key.as_bytes()).0, Parsed::Refused { reply: BAD_FORMAT, skip: 3, close: false });
+        assert_eq!(parse(b"set k 0 0 4096\r\n").0, Parsed::Refused { reply: TOO_LARGE, skip: 4098, close: false });
+        assert_eq!(parse(b"set k 0 0 -1\r\n").0, refused(BAD_FORMAT));
+        assert_eq!(parse(b"set k 0 0 1\r\nxyz\r\n"), (refused(BAD_CHUNK), 3));
+        assert_eq!(parse(b"bogus\r\n").0, refused(ERROR));
+        assert_eq!(parse(b"\r\n").0, refused(ERROR));
+        assert_eq!(parse(b"get\r\n").0, refused(ERROR));
+        assert_eq!(parse(b"get a\x01b\r\n").0, refused(BAD_FORMAT));
+        assert_eq!(parse(b"incr k x\r\n").0, refused(b"CLIENT_ERROR invalid numeric delta argument\r\n"));
+        let mut huge = BytesMut::from(&vec![b'a'; MAX_LINE + 1][..]);
+        assert!(matches!(parse_request(&mut huge, 10), Parsed::Refused { close: true, .. }));
+    }
+
+    #[test]
+    fn retrieval_and_others() {
+        let (p, _) = parse(b"gat 100 a b a\r\n");
+        assert_eq!(
+            p,
+            Parsed::Request(Request::Retrieval {
+                cmd: RetrievalCmd::Gat,
+                exptime: 100,
+                keys: vec![Bytes::from_static(b"a"), Bytes::from_static(b"b"), Bytes::from_static(b"a")]
+            })
+        );
+        assert_eq!(
+            parse(b"delete k noreply\r\n").0,
+            Parsed::Request(Request::Delete { key: "k".into(), noreply: true })
+        );
+        assert_eq!(parse(b"delete k 0\r\n").0, Parsed::Request(Request::Delete { key: "k".into(), noreply: false }));
+        assert_eq!(parse(b"flush_all 10\n").0, Parsed::Request(Request::FlushAll { delay: Some(10), noreply: false }));
+        assert_eq!(parse(b"verbosity 1 noreply\r\n").0, Parsed::Request(Request::Verbosity { noreply: true }));
+        assert_eq!(parse(b"quit\r\n").0, Parsed::Request(Request::Quit));
+    }
+}

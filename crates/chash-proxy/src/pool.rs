@@ -1,0 +1,451 @@
+//! A server pool: its servers, their health, and the routing snapshot that
+//! places keys on the servers that are live.
+//!
+//! Readers (client connections) load the current [`PoolState`] without a
+//! lock. Every change (a server added, removed, re-weighted, ejected or
+//! restored, or a config reload) builds a new state under the pool's change
+//! lock and swaps it in: requests already sent keep their server (they hold
+//! it), new requests see the new placement, and nothing in flight is dropped.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use chash::config::{AnyPlacement, Distribution, Pool as PoolConfig, Snapshot};
+use chash::ServerLine;
+use tokio::sync::mpsc;
+
+use crate::backend::{Address, BackendSettings, Server};
+use crate::stats::PoolStats;
+
+/// A pool's settings beyond placement, with twemproxy's defaults.
+#[derive(Clone, Debug)]
+pub struct PoolSettings {
+    /// Address to listen on (`listen`).
+    pub listen: String,
+    /// Backend connection settings.
+    pub backend: BackendSettings,
+    /// Eject failing servers (`auto_eject_hosts`, default false).
+    pub auto_eject: bool,
+    /// How long an ejected server stays out (`server_retry_timeout`, default 30 s).
+    pub retry_timeout: Duration,
+    /// Maximum client connections, 0 for no limit (`client_connections`).
+    pub client_connections: u64,
+    /// Listen backlog (`backlog`, default 512).
+    pub backlog: u32,
+}
+
+impl PoolSettings {
+    /// The settings a pool's config asks for.
+    pub fn of(pool: &PoolConfig) -> PoolSettings {
+        let f = &pool.file;
+        PoolSettings {
+            listen: f.listen.clone().unwrap_or_else(|| "127.0.0.1:22121".into()),
+            backend: BackendSettings {
+                connections: f.server_connections.unwrap_or(1).max(1) as usize,
+                timeout: f.timeout.filter(|&t| t > 0).map(Duration::from_millis),
+                preconnect: f.preconnect.unwrap_or(false),
+                failure_limit: f.server_failure_limit.unwrap_or(2).max(1),
+            },
+            auto_eject: f.auto_eject_hosts.unwrap_or(false),
+            retry_timeout: Duration::from_millis(f.server_retry_timeout.unwrap_or(30_000)),
+            client_connections: u64::from(f.client_connections.unwrap_or(0)),
+            backlog: f.backlog.unwrap_or(512),
+        }
+    }
+}
+
+/// Why a server is not taking keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ejection {
+    /// Ejected by health (`auto_eject_hosts`) until then.
+    Auto(Instant),
+    /// Ejected by the admin endpoint until restored.
+    Admin,
+}
+
+/// One configured server of the pool.
+#[derive(Clone, Debug)]
+pub struct Member {
+    /// The server line as configured now (weight included).
+    pub line: ServerLine,
+    /// The running server.
+    pub server: Arc<Server>,
+    /// Set while the server is ejected.
+    pub ejected: Option<Ejection>,
+}
+
+/// Where keys go: the placement over the live servers.
+#[derive(Debug)]
+pub enum Routing {
+    /// A placement; `to_member[i]` is the member behind node `i`.
+    Placed {
+        /// The placement.
+        snapshot: Snapshot,
+        /// Node index to member index.
+        to_member: Vec<usize>,
+    },
+    /// twemproxy's `random`: any live member.
+    Random(Vec<usize>),
+}
+
+/// An immutable view of the pool: members and routing.
+#[derive(Debug)]
+pub struct PoolState {
+    /// Every configured server, in config order.
+    pub members: Vec<Member>,
+    /// `None` when no server is live.
+    pub routing: Option<Routing>,
+}
+
+static RANDOM: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
+
+fn next_random() -> u64 {
+    // splitmix64 over a shared counter: good enough to spread requests.
+    let mut z = RANDOM.fetch_add(0x9e37_79b9_7f4a_7c15, Relaxed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl PoolState {
+    /// The server for `key`, or `None` when no server is live.
+    pub fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {
+        let member = match self.routing.as_ref()? {
+            Routing::Placed { snapshot, to_member } => to_member[snapshot.route_index(key)?],
+            Routing::Random(live) => live[(next_random() % live.len() as u64) as usize],
+        };
+        Some(&self.members[member].server)
+    }
+
+    /// Members taking keys now.
+    pub fn live(&self) -> impl Iterator<Item = &Member> {
+        self.members.iter().filter(|m| m.ejected.is_none())
+    }
+}
+
+/// What a membership change did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Change {
+    /// What was done.
+    pub change: String,
+    /// Share of the key space that now goes to another server.
+    pub moved_fraction: f64,
+    /// Servers taking keys after the change.
+    pub live_servers: usize,
+}
+
+/// A pool of servers.
+pub struct Pool {
+    /// The pool name.
+    pub name: String,
+    /// Its settings.
+    pub settings: PoolSettings,
+    config: Mutex<PoolConfig>,
+    addresses: HashMap<String, Address>,
+    state: ArcSwap<PoolState>,
+    failures: mpsc::UnboundedSender<String>,
+    /// Counters.
+    pub stats: PoolStats,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("name", &self.name).finish()
+    }
+}
+
+/// A pool error (bad change requests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolError(pub String);
+
+impl std::fmt::Display for PoolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PoolError {}
+
+impl Pool {
+    /// Starts a pool's servers and its health task. `addresses` maps server
+    /// ids to where they are reached when that is not the id itself (the
+    /// embedded shards). Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// When the config cannot place keys (for example duplicate server ids).
+    pub fn start(config: PoolConfig, addresses: HashMap<String, Address>) -> Result<Arc<Pool>, PoolError> {
+        let settings = PoolSettings::of(&config);
+        let (failures, failure_rx) = mpsc::unbounded_channel();
+        let mut members = Vec::new();
+        for line in &config.servers {
+            let address = addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
+            let server = Server::start(line.clone(), address, &settings.backend, Some(failures.clone()));
+            members.push(Member { line: line.clone(), server, ejected: None });
+        }
+        let routing = build_routing(&config, &members)?;
+        let pool = Arc::new(Pool {
+            name: config.name.clone(),
+            settings,
+            config: Mutex::new(config),
+            addresses,
+            state: ArcSwap::from_pointee(PoolState { members, routing }),
+            failures,
+            stats: PoolStats::default(),
+        });
+        tokio::spawn(health_task(Arc::downgrade(&pool), failure_rx));
+        Ok(pool)
+    }
+
+    /// The current state (lock-free).
+    pub fn state(&self) -> arc_swap::Guard<Arc<PoolState>> {
+        self.state.load()
+    }
+
+    /// The placement settings (distribution, hash, ...).
+    pub fn distribution(&self) -> Distribution {
+        self.lock().distribution
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolConfig> {
+        self.config.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies a change to the members under the change lock, rebuilds the
+    /// routing and swaps it in.
+    fn change(
+        &self,
+        what: String,
+        edit: impl FnOnce(&mut PoolConfig, &mut Vec<Member>) -> Result<(), PoolError>,
+    ) -> Result<Change, PoolError> {
+        let mut config = self.lock();
+        let old = self.state.load_full();
+        let mut members = old.members.clone();
+        let mut next_config = config.clone();
+        edit(&mut next_config, &mut members)?;
+        let routing = build_routing(&next_config, &members)?;
+        let moved_fraction = moved_fraction(old.routing.as_ref(), &old.members, routing.as_ref(), &members);
+        let live_servers = members.iter().filter(|m| m.ejected.is_none()).count();
+        *config = next_config;
+        self.state.store(Arc::new(PoolState { members, routing }));
+        self.stats.membership_changes.fetch_add(1, Relaxed);
+        tracing::info!(pool = %self.name, moved = format!("{:.4}", moved_fraction), live_servers, "{what}");
+        Ok(Change { change: what, moved_fraction, live_servers })
+    }
+
+    /// Adds a server.
+    ///
+    /// # Errors
+    /// A duplicate id, or a placement that cannot be built.
+    pub fn add_server(&self, line: ServerLine) -> Result<Change, PoolError> {
+        let what = format!("added server {line}");
+        self.change(what, |config, members| {
+            if members.iter().any(|m| m.line.id == line.id) {
+                return Err(PoolError(format!("server {:?} is already in pool {:?}", line.id, config.name)));
+            }
+            let address = self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
+            let server = Server::start(line.clone(), address, &self.settings.backend, Some(self.failures.clone()));
+            config.servers.push(line.clone());
+            members.push(Member { line, server, ejected: None });
+            Ok(())
+        })
+    }
+
+    /// Removes a server; requests already sent to it complete.
+    ///
+    /// # Errors
+    /// An unknown id.
+    pub fn remove_server(&self, id: &str) -> Result<Change, PoolError> {
+        self.change(format!("removed server {id}"), |config, members| {
+            let at = find(members, id, &config.name)?;
+            members.remove(at);
+            config.servers.retain(|s| s.id != id);
+            Ok(())
+        })
+    }
+
+    /// Changes a server's weight.
+    ///
+    /// # Errors
+    /// An unknown id or weight 0.
+    pub fn set_weight(&self, id: &str, weight: u32) -> Result<Change, PoolError> {
+        if weight == 0 {
+            return Err(PoolError("weight 0: weights start at 1".into()));
+        }
+        self.change(format!("server {id} weight {weight}"), |config, members| {
+            let at = find(members, id, &config.name)?;
+            members[at].line.weight = weight;
+            for s in &mut config.servers {
+                if s.id == id {
+                    s.weight = weight;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Ejects a server until [`restore`](Pool::restore) (its keys move to the others).
+    ///
+    /// # Errors
+    /// An unknown id.
+    pub fn eject(&self, id: &str) -> Result<Change, PoolError> {
+        self.change(format!("ejected server {id}"), |config, members| {
+            let at = find(members, id, &config.name)?;
+            members[at].ejected = Some(Ejection::Admin);
+            members[at].server.stats.ejections.fetch_add(1, Relaxed);
+            Ok(())
+        })
+    }
+
+    /// Brings an ejected server back.
+    ///
+    /// # Errors
+    /// An unknown id.
+    pub fn restore(&self, id: &str) -> Result<Change, PoolError> {
+        self.change(format!("restored server {id}"), |config, members| {
+            let at = find(members, id, &config.name)?;
+            members[at].ejected = None;
+            Ok(())
+        })
+    }
+
+    /// Replaces the pool's placement settings and servers with a reloaded
+    /// config (the listen address and connection settings stay until a
+    /// restart). Servers with the same id keep their connections.
+    ///
+    /// # Errors
+    /// A placement that cannot be built; the pool is then unchanged.
+    pub fn reload(&self, new: PoolConfig) -> Result<Change, PoolError> {
+        self.change("reloaded the config".into(), |config, members| {
+            let mut next = Vec::new();
+            for line in &new.servers {
+                let member = match members.iter().find(|m| m.line.id == line.id) {
+                    Some(m) => Member { line: line.clone(), server: m.server.clone(), ejected: m.ejected },
+                    None => {
+                        let address = self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
+                        let server =
+                            Server::start(line.clone(), address, &self.settings.backend, Some(self.failures.clone()));
+                        Member { line: line.clone(), server, ejected: None }
+                    }
+                };
+                next.push(member);
+            }
+            *members = next;
+            *config = new;
+            Ok(())
+        })
+    }
+
+    fn auto_eject(&self, id: &str) {
+        if !self.settings.auto_eject {
+            return;
+        }
+        let until = Instant::now() + self.settings.retry_timeout;
+        let result = self.change(format!("auto-ejected failing server {id}"), |config, members| {
+            let at = find(members, id, &config.name)?;
+            if members[at].ejected.is_some() {
+                return Err(PoolError("already ejected".into()));
+            }
+            members[at].ejected = Some(Ejection::Auto(until));
+            members[at].server.stats.ejections.fetch_add(1, Relaxed);
+            Ok(())
+        });
+        if let Err(e) = result {
+            tracing::debug!(pool = %self.name, server = id, "no ejection: {e}");
+        }
+    }
+
+    fn retry_due(&self) {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .state
+            .load()
+            .members
+            .iter()
+            .filter(|m| matches!(m.ejected, Some(Ejection::Auto(t)) if t <= now))
+            .map(|m| m.line.id.clone())
+            .collect();
+        for id in due {
+            let _ = self.change(format!("retrying ejected server {id}"), |config, members| {
+                let at = find(members, &id, &config.name)?;
+                members[at].ejected = None;
+                members[at].server.reset_failures();
+                Ok(())
+            });
+        }
+    }
+}
+
+fn find(members: &[Member], id: &str, pool: &str) -> Result<usize, PoolError> {
+    members.iter().position(|m| m.line.id == id).ok_or_else(|| PoolError(format!("no server {id:?} in pool {pool:?}")))
+}
+
+async fn health_task(pool: std::sync::Weak<Pool>, mut failures: mpsc::UnboundedReceiver<String>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            id = failures.recv() => {
+                let (Some(id), Some(pool)) = (id, pool.upgrade()) else { return };
+                pool.auto_eject(&id);
+            }
+            _ = tick.tick() => {
+                let Some(pool) = pool.upgrade() else { return };
+                pool.retry_due();
+            }
+        }
+    }
+}
+
+/// The routing over the members that are not ejected.
+fn build_routing(config: &PoolConfig, members: &[Member]) -> Result<Option<Routing>, PoolError> {
+    let live: Vec<usize> = (0..members.len()).filter(|&i| members[i].ejected.is_none()).collect();
+    if live.is_empty() {
+        return Ok(None);
+    }
+    if config.distribution == Distribution::Random {
+        return Ok(Some(Routing::Random(live)));
+    }
+    let mut live_config = config.clone();
+    live_config.servers = live.iter().map(|&i| members[i].line.clone()).collect();
+    let snapshot = live_config.snapshot().map_err(|e| PoolError(format!("pool {:?}: {e}", config.name)))?;
+    Ok(Some(Routing::Placed { snapshot, to_member: live }))
+}
+
+/// Share of the key space whose server changes between two routings:
+/// exact for placements made of points, else measured on 100,000 keys.
+fn moved_fraction(old: Option<&Routing>, old_m: &[Member], new: Option<&Routing>, new_m: &[Member]) -> f64 {
+    let (Some(Routing::Placed { snapshot: a, .. }), Some(Routing::Placed { snapshot: b, .. })) = (old, new) else {
+        return if old.is_some() != new.is_some() { 1.0 } else { sampled(old, old_m, new, new_m) };
+    };
+    let exact = match (a.placement(), b.placement()) {
+        (AnyPlacement::Ring(x), AnyPlacement::Ring(y)) => chash::analysis::diff(x, y).ok(),
+        (AnyPlacement::Ketama(x), AnyPlacement::Ketama(y)) => chash::analysis::diff(x, y).ok(),
+        (AnyPlacement::Nginx(x), AnyPlacement::Nginx(y)) => chash::analysis::diff(x, y).ok(),
+        _ => None,
+    };
+    match exact {
+        Some(d) => d.moved,
+        None => sampled(old, old_m, new, new_m),
+    }
+}
+
+fn sampled(old: Option<&Routing>, old_m: &[Member], new: Option<&Routing>, new_m: &[Member]) -> f64 {
+    const KEYS: usize = 100_000;
+    let owner = |r: Option<&Routing>, m: &[Member], key: &[u8]| -> Option<String> {
+        match r? {
+            Routing::Placed { snapshot, to_member } => Some(m[to_member[snapshot.route_index(key)?]].line.id.clone()),
+            Routing::Random(_) => None,
+        }
+    };
+    let mut moved = 0;
+    for i in 0..KEYS {
+        let key = format!("key:{i}");
+        if owner(old, old_m, key.as_bytes()) != owner(new, new_m, key.as_bytes()) {
+            moved += 1;
+        }
+    }
+    moved as f64 / KEYS as f64
+}
