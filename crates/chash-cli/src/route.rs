@@ -29,13 +29,17 @@ Examples:
 
   chash route --node 192.168.0.112:1000:1 --node 192.168.0.112:1001:1 \\
       --hash java-fnv1-32 --vnodes 5 --point-label '{id}&&VN{i}' --with-hash 太阳
+  chash route --node a:1 --node b:1 --node c:1 --distribution maglev --table-size 65537 k1 k2
 
 Without KEY arguments, keys are read from standard input, one per line (split on
 LF only; every other byte is part of the key). With -c, the pool's settings and
 twemproxy's defaults apply (distribution ketama, hash fnv1a_64); with --node,
 chash's defaults apply (distribution ring, hash xxh3, 160 vnodes per unit of
-weight). Distributions: ring, ketama, modula, nginx (random has no fixed
-placement to print).")]
+weight). Distributions: ring, ketama, modula, nginx, jump, rendezvous, maglev,
+anchor (or memento), multiprobe, bounded (random has no fixed placement to
+print). jump, anchor and multiprobe take equal weights only. With bounded, keys
+are placed in input order and each holds one unit of load to the end, so no
+server gets more than ceil(balance factor x mean) of them.")]
 pub struct RouteArgs {
     /// twemproxy-style YAML config file.
     #[arg(short = 'c', long = "config", value_name = "FILE")]
@@ -69,6 +73,25 @@ pub struct RouteArgs {
     /// Ring point label template, e.g. '{id}&&VN{i}' (with --node, distribution ring).
     #[arg(long, value_name = "TEMPLATE", conflicts_with = "config")]
     point_label: Option<String>,
+
+    /// Maglev table size, a prime above 100 x the total weight (with --node,
+    /// distribution maglev; default 65537).
+    #[arg(long, value_name = "PRIME", conflicts_with = "config")]
+    table_size: Option<u64>,
+
+    /// Probes per key (with --node, distribution multiprobe; default 21).
+    #[arg(long, value_name = "K", conflicts_with = "config")]
+    probes: Option<u32>,
+
+    /// Bound on a server's load over the mean, c >= 1 (with --node,
+    /// distribution bounded; default 1.25).
+    #[arg(long, value_name = "C", conflicts_with = "config")]
+    balance_factor: Option<f64>,
+
+    /// AnchorHash buckets, at least the number of servers (with --node,
+    /// distribution anchor; default 1024).
+    #[arg(long, value_name = "N", conflicts_with = "config")]
+    capacity: Option<u32>,
 
     /// Also print each key's hash value, as the original program prints it
     /// (a third column, or a "hash" field in JSON).
@@ -105,11 +128,25 @@ fn pool(args: &RouteArgs) -> Result<Pool> {
     };
     pool.vnodes = args.vnodes;
     if let Some(template) = &args.point_label {
-        if pool.distribution != Distribution::Ring {
-            bail!("--point-label applies to distribution ring only");
+        if !matches!(pool.distribution, Distribution::Ring | Distribution::Bounded) {
+            bail!("--point-label applies to distributions ring and bounded only");
         }
         pool.point_label = template.parse()?;
     }
+    let only = |flag: &str, set: bool, d: Distribution| -> Result<()> {
+        if set && pool.distribution != d {
+            bail!("{flag} applies to distribution {d} only");
+        }
+        Ok(())
+    };
+    only("--table-size", args.table_size.is_some(), Distribution::Maglev)?;
+    only("--probes", args.probes.is_some(), Distribution::Multiprobe)?;
+    only("--balance-factor", args.balance_factor.is_some(), Distribution::Bounded)?;
+    only("--capacity", args.capacity.is_some(), Distribution::Anchor)?;
+    pool.maglev_table_size = args.table_size.unwrap_or(pool.maglev_table_size);
+    pool.probes = args.probes.unwrap_or(pool.probes);
+    pool.balance_factor = args.balance_factor.unwrap_or(pool.balance_factor);
+    pool.anchor_capacity = args.capacity.unwrap_or(pool.anchor_capacity);
     pool.hash_tag = match args.hash_tag.as_deref().map(str::as_bytes) {
         None => None,
         Some(&[open, close]) => Some([open, close]),
@@ -127,7 +164,8 @@ pub fn run(args: RouteArgs) -> Result<()> {
     let mut line = Vec::with_capacity(512);
     for_each_key(&args.keys, |key| {
         let hash = snapshot.key_hash(key);
-        let id = snapshot.placement().locate_hash(hash).map_or("", |i| snapshot.nodes()[i].id());
+        // Each key holds its load to the end (bounded); the owner otherwise.
+        let id = snapshot.placement().acquire_hash(hash).map_or("", |i| snapshot.nodes()[i].id());
         line.clear();
         match args.format {
             Format::Text => {

@@ -2,8 +2,10 @@
 //!
 //! A file is a map of pool name to pool. Every key twemproxy 0.5 accepts is
 //! accepted and means what it means there, with twemproxy's defaults
-//! (`distribution: ketama`, `hash: fnv1a_64`); chash adds `vnodes`. An
-//! unknown key is an error that names it.
+//! (`distribution: ketama`, `hash: fnv1a_64`); chash adds `vnodes`,
+//! `point_label`, `maglev_table_size`, `probes`, `balance_factor` and
+//! `anchor_capacity`, each for the distributions it applies to. An unknown
+//! key is an error that names it.
 //!
 //! ```
 //! use chash::config::Config;
@@ -28,6 +30,10 @@ use std::str::FromStr;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
+use crate::algo::{
+    Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY, DEFAULT_BALANCE_FACTOR,
+    DEFAULT_MAGLEV_TABLE_SIZE, DEFAULT_PROBES,
+};
 use crate::compat::{Ketama, Modula, NginxChash};
 use crate::placement::Placement;
 use crate::ring::{Ring, DEFAULT_VNODES};
@@ -52,17 +58,17 @@ pub enum Distribution {
     Nginx,
     /// chash's native weighted ring.
     Ring,
-    /// Jump consistent hash (Lamping & Veach).
+    /// Jump consistent hash (Lamping & Veach): [`Jump`].
     Jump,
-    /// Maglev (Eisenbud et al.).
+    /// Maglev (Eisenbud et al.): [`Maglev`].
     Maglev,
-    /// Rendezvous (highest random weight).
+    /// Rendezvous (highest random weight): [`Rendezvous`].
     Rendezvous,
-    /// AnchorHash.
+    /// AnchorHash (also named `memento` in configs): [`Anchor`].
     Anchor,
-    /// Multi-probe consistent hashing.
+    /// Multi-probe consistent hashing: [`MultiProbe`].
     Multiprobe,
-    /// Consistent hashing with bounded loads.
+    /// Consistent hashing with bounded loads over the ring: [`Bounded`].
     Bounded,
 }
 
@@ -150,6 +156,17 @@ pub struct PoolFile {
     /// chash: text template for ring point labels (`distribution: ring`),
     /// e.g. `"{id}&&VN{i}"`; see [`PointLabel`].
     pub point_label: Option<String>,
+    /// chash: Maglev's table size, a prime above 100 × the total weight
+    /// (`distribution: maglev`; default 65537).
+    pub maglev_table_size: Option<u64>,
+    /// chash: probes per key (`distribution: multiprobe`; default 21).
+    pub probes: Option<u32>,
+    /// chash: the bound `c` on load over mean load (`distribution: bounded`;
+    /// default 1.25).
+    pub balance_factor: Option<f64>,
+    /// chash: AnchorHash's number of buckets, at least the number of servers
+    /// (`distribution: anchor`; default 1024).
+    pub anchor_capacity: Option<u32>,
 }
 
 /// A whole config file: pools in file order.
@@ -231,6 +248,14 @@ pub struct Pool {
     pub vnodes: u32,
     /// Ring point labels.
     pub point_label: PointLabel,
+    /// Maglev's table size.
+    pub maglev_table_size: u64,
+    /// Multi-probe's probes per key.
+    pub probes: u32,
+    /// Bounded loads' factor `c`.
+    pub balance_factor: f64,
+    /// AnchorHash's bucket count.
+    pub anchor_capacity: u32,
     /// Servers in file order.
     pub servers: Vec<ServerLine>,
     /// The file's settings as written (for the proxy's own keys).
@@ -276,19 +301,40 @@ impl Pool {
                 Some(t) => t.parse()?,
                 None => PointLabel::Native,
             },
+            maglev_table_size: file.maglev_table_size.unwrap_or(DEFAULT_MAGLEV_TABLE_SIZE),
+            probes: file.probes.unwrap_or(DEFAULT_PROBES),
+            balance_factor: file.balance_factor.unwrap_or(DEFAULT_BALANCE_FACTOR),
+            anchor_capacity: file.anchor_capacity.unwrap_or(DEFAULT_ANCHOR_CAPACITY),
             servers,
             file: file.clone(),
         };
-        if distribution != Distribution::Ring {
-            for (key, set) in [("vnodes", file.vnodes.is_some()), ("point_label", file.point_label.is_some())] {
-                if set {
-                    return Err(Error::Config(format!(
-                        "{key} applies to distribution ring only (this pool's is {distribution})"
-                    )));
-                }
+        use Distribution::{
+            Anchor as A, Bounded as B, Ketama, Maglev as M, Modula, Multiprobe as P, Nginx, Random, Ring as R,
+        };
+        let own_keys: [(&str, bool, &[Distribution]); 6] = [
+            ("vnodes", file.vnodes.is_some(), &[R, B]),
+            ("point_label", file.point_label.is_some(), &[R, B]),
+            ("maglev_table_size", file.maglev_table_size.is_some(), &[M]),
+            ("probes", file.probes.is_some(), &[P]),
+            ("balance_factor", file.balance_factor.is_some(), &[B]),
+            ("anchor_capacity", file.anchor_capacity.is_some(), &[A]),
+        ];
+        for (key, set, applies) in own_keys {
+            if set && !applies.contains(&distribution) {
+                let names: Vec<&str> = applies.iter().map(|d| d.name()).collect();
+                let to = match names.as_slice() {
+                    [one] => format!("distribution {one} only"),
+                    many => format!("distributions {}", many.join(" and ")),
+                };
+                return Err(Error::Config(format!("{key} applies to {to} (this pool's is {distribution})")));
             }
         }
         pool.check_supported()?;
+        if !matches!(distribution, Ketama | Modula | Random | Nginx | R) {
+            // Weights and parameters these algorithms refuse are errors of
+            // the file: build once to report them now (milliseconds at most).
+            pool.snapshot()?;
+        }
         Ok(pool)
     }
 
@@ -301,6 +347,10 @@ impl Pool {
             distribution: Distribution::Ring,
             vnodes: DEFAULT_VNODES,
             point_label: PointLabel::Native,
+            maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
+            probes: DEFAULT_PROBES,
+            balance_factor: DEFAULT_BALANCE_FACTOR,
+            anchor_capacity: DEFAULT_ANCHOR_CAPACITY,
             servers,
             file: PoolFile::default(),
         }
@@ -309,11 +359,16 @@ impl Pool {
     /// Checks that this version of chash can place keys for this pool.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for a distribution not implemented yet, or a
-    /// hash the distribution cannot take.
+    /// [`Error::Unsupported`] for a hash the distribution cannot take.
     pub fn check_supported(&self) -> Result<()> {
         match self.distribution {
             Distribution::Ring | Distribution::Modula | Distribution::Random => Ok(()),
+            Distribution::Jump
+            | Distribution::Maglev
+            | Distribution::Rendezvous
+            | Distribution::Anchor
+            | Distribution::Multiprobe
+            | Distribution::Bounded => Ok(()),
             Distribution::Ketama if self.hash.bits() > 32 => Err(Error::Unsupported(format!(
                 "distribution ketama has a 32-bit continuum, but hash {} gives {}-bit values",
                 self.hash,
@@ -325,10 +380,6 @@ impl Pool {
                 self.hash
             ))),
             Distribution::Nginx => Ok(()),
-            d => Err(Error::Unsupported(format!(
-                "distribution {d} is not implemented in this version of chash; \
-                 ring, ketama, modula and nginx are"
-            ))),
         }
     }
 
@@ -336,18 +387,29 @@ impl Pool {
     ///
     /// # Errors
     /// As [`Pool::check_supported`]; `random` (which has no fixed placement);
-    /// placement errors such as duplicate server ids or `vnodes: 0`.
+    /// placement errors such as duplicate server ids, `vnodes: 0`, weights
+    /// for an algorithm without them, or a bad `maglev_table_size`,
+    /// `probes`, `balance_factor` or `anchor_capacity`.
     pub fn snapshot(&self) -> Result<Snapshot> {
         self.check_supported()?;
         let nodes = self.servers.iter().map(ServerLine::to_node).collect::<Result<Vec<Node>>>()?;
+        let ring = |nodes| {
+            Ring::builder().hasher(self.hash).vnodes(self.vnodes).point_label(self.point_label.clone()).build(nodes)
+        };
         let placement = match self.distribution {
-            Distribution::Ring => AnyPlacement::Ring(
-                Ring::builder()
-                    .hasher(self.hash)
-                    .vnodes(self.vnodes)
-                    .point_label(self.point_label.clone())
-                    .build(nodes)?,
+            Distribution::Ring => AnyPlacement::Ring(ring(nodes)?),
+            Distribution::Bounded => AnyPlacement::Bounded(Bounded::new(ring(nodes)?, self.balance_factor)?),
+            Distribution::Jump => AnyPlacement::Jump(Jump::with_hasher(nodes, self.hash)?),
+            Distribution::Rendezvous => AnyPlacement::Rendezvous(Rendezvous::with_hasher(nodes, self.hash)?),
+            Distribution::Maglev => AnyPlacement::Maglev(
+                Maglev::builder().hasher(self.hash).table_size(self.maglev_table_size).build(nodes)?,
             ),
+            Distribution::Anchor => {
+                AnyPlacement::Anchor(Anchor::with_capacity(nodes, self.hash, self.anchor_capacity)?)
+            }
+            Distribution::Multiprobe => {
+                AnyPlacement::MultiProbe(MultiProbe::with_probes(nodes, self.hash, self.probes)?)
+            }
             Distribution::Ketama => AnyPlacement::Ketama(Ketama::new(nodes, self.hash)?),
             Distribution::Modula => AnyPlacement::Modula(Modula::new(nodes, self.hash)?),
             Distribution::Nginx => AnyPlacement::Nginx(NginxChash::new(nodes)?),
@@ -357,9 +419,6 @@ impl Pool {
                      (the proxy serves it; route, analyze and plan cannot)"
                         .into(),
                 ))
-            }
-            d => {
-                return Err(Error::Unsupported(format!("distribution {d} is not implemented in this version of chash")))
             }
         };
         let twemproxy_rules = matches!(self.distribution, Distribution::Ketama | Distribution::Modula);
@@ -379,6 +438,18 @@ pub enum AnyPlacement {
     Modula(Modula),
     /// nginx's consistent hash.
     Nginx(NginxChash),
+    /// Jump consistent hash.
+    Jump(Jump),
+    /// Weighted rendezvous hashing.
+    Rendezvous(Rendezvous),
+    /// Maglev.
+    Maglev(Maglev),
+    /// AnchorHash.
+    Anchor(Anchor),
+    /// Multi-probe consistent hashing.
+    MultiProbe(MultiProbe),
+    /// Bounded loads over the native ring, with its load tracker.
+    Bounded(Bounded),
 }
 
 /// Calls `$body` with `$p` bound to the concrete placement.
@@ -389,6 +460,12 @@ macro_rules! with_placement {
             AnyPlacement::Ketama($p) => $body,
             AnyPlacement::Modula($p) => $body,
             AnyPlacement::Nginx($p) => $body,
+            AnyPlacement::Jump($p) => $body,
+            AnyPlacement::Rendezvous($p) => $body,
+            AnyPlacement::Maglev($p) => $body,
+            AnyPlacement::Anchor($p) => $body,
+            AnyPlacement::MultiProbe($p) => $body,
+            AnyPlacement::Bounded($p) => $body,
         }
     };
 }
@@ -416,13 +493,34 @@ impl AnyPlacement {
     }
 
     /// Exact ownership of the hash space per node, where the placement is
-    /// made of points (`None` for modula).
+    /// made of points: the rings (for `bounded`, the ring's ownership, where
+    /// keys go while loads allow). `None` for the others.
     pub fn ownership(&self) -> Option<Vec<f64>> {
         match self {
             AnyPlacement::Ring(p) => Some(crate::analysis::ownership(p)),
             AnyPlacement::Ketama(p) => Some(crate::analysis::ownership(p)),
             AnyPlacement::Nginx(p) => Some(crate::analysis::ownership(p)),
-            AnyPlacement::Modula(_) => None,
+            AnyPlacement::Bounded(p) => Some(crate::analysis::ownership(p.ring())),
+            _ => None,
+        }
+    }
+
+    /// The node for a request for hash value `hash` that holds load until
+    /// [`release`](AnyPlacement::release)d: with `bounded`, the first node
+    /// under its cap ([`Bounded::acquire_hash`]); otherwise the owner.
+    #[inline]
+    pub fn acquire_hash(&self, hash: u64) -> Option<usize> {
+        match self {
+            AnyPlacement::Bounded(b) => b.acquire_hash(hash),
+            p => p.locate_hash(hash),
+        }
+    }
+
+    /// Gives back the load an [`acquire_hash`](AnyPlacement::acquire_hash)
+    /// took on node `i` (nothing to do but for `bounded`).
+    pub fn release(&self, i: usize) {
+        if let AnyPlacement::Bounded(b) = self {
+            b.release(i);
         }
     }
 }
@@ -530,10 +628,15 @@ beta:
         assert!(err("a:\n  distribution: ring\n  hash_tag: \"{\"\n  servers: [x:1]\n").contains("two characters"));
         assert!(err("a:\n  distribution: ring\n  servers: [x:0]\n").contains("weight 0"));
         assert!(err("a:\n  distribution: ring\n  servers: []\n").contains("no servers"));
-        assert!(err("a:\n  distribution: jump\n  servers: [x:1]\n").contains("not implemented"));
+        assert!(err("a:\n  distribution: jump\n  servers: [x:1, y:2]\n").contains("does not support weights"));
+        assert!(err("a:\n  distribution: ring\n  probes: 3\n  servers: [x:1]\n").contains("multiprobe only"));
+        assert!(err("a:\n  distribution: maglev\n  maglev_table_size: 100\n  servers: [x:1]\n").contains("101"));
+        assert!(err("a:\n  distribution: bounded\n  balance_factor: 0.5\n  servers: [x:1]\n").contains("at least 1"));
+        assert!(err("a:\n  distribution: anchor\n  anchor_capacity: 1\n  servers: [x:1, y:1]\n").contains("at least 2"));
+        assert!(err("a:\n  distribution: jump\n  vnodes: 3\n  servers: [x:1]\n").contains("ring and bounded"));
         assert!(err("a:\n  distribution: nginx\n  hash: md5\n  servers: [x:1]\n").contains("crc32a"));
         assert!(err("a:\n  distribution: ketama\n  hash: xxh3\n  servers: [x:1]\n").contains("32-bit"));
-        assert!(err("a:\n  vnodes: 10\n  servers: [x:1]\n").contains("ring only"));
+        assert!(err("a:\n  vnodes: 10\n  servers: [x:1]\n").contains("distributions ring and bounded"));
         assert!(
             err("a:\n  distribution: ring\n  point_label: \"{x}\"\n  servers: [x:1]\n").contains("unknown variable")
         );

@@ -47,6 +47,23 @@ pub enum Error {
     },
     /// A configuration file that cannot be used.
     Config(String),
+    /// The algorithm places keys on equal nodes only, and a node has another weight.
+    WeightsUnsupported {
+        /// The algorithm's `distribution:` name.
+        distribution: &'static str,
+        /// The first node whose weight is not 1.
+        node: String,
+        /// Its weight.
+        weight: u32,
+    },
+    /// An algorithm parameter (table size, probes, balance factor, capacity)
+    /// that cannot be used.
+    BadParameter {
+        /// The parameter's config name, e.g. `maglev_table_size`.
+        name: &'static str,
+        /// What is wrong, with a hint where there is one.
+        reason: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -69,6 +86,12 @@ impl fmt::Display for Error {
             Error::Incomparable(why) => write!(f, "cannot compare placements: {why}"),
             Error::ServerLine { line, reason } => write!(f, "bad server line {line:?}: {reason}"),
             Error::Config(msg) => f.write_str(msg),
+            Error::WeightsUnsupported { distribution, node, weight } => write!(
+                f,
+                "distribution {distribution} does not support weights: node {node:?} has weight {weight} \
+                 (give every server weight 1, or use ring, rendezvous or maglev, which take weights)"
+            ),
+            Error::BadParameter { name, reason } => write!(f, "{name}: {reason}"),
         }
     }
 }

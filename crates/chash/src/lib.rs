@@ -28,12 +28,17 @@
 //!   [`PointRing`] for the "first point ≥ hash" family.
 //! - [`Ring`] (`ring`): the native weighted ring; its sorted points and O(1)
 //!   bucket index live in `points`.
+//! - [`algo`]: the other algorithms — [`Jump`](algo::Jump),
+//!   [`Rendezvous`](algo::Rendezvous), [`Maglev`](algo::Maglev),
+//!   [`Anchor`](algo::Anchor), [`MultiProbe`](algo::MultiProbe) and
+//!   [`Bounded`](algo::Bounded) loads — one file each.
 //! - [`analysis`]: exact ownership, diffs between placements, sampled load.
 //! - [`config`]: twemproxy-shaped YAML, pools and routing [`Snapshot`](config::Snapshot)s.
 //!
 //! The crate is pure: no I/O, no threads, no global state. Lookups take
 //! `&self`, never allocate, and every type is `Send + Sync`.
 
+pub mod algo;
 pub mod analysis;
 pub mod compat;
 pub mod config;
