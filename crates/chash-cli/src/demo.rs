@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::io::{self, Write};
 
 use anyhow::Result;
+use chash::algo::{Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_BALANCE_FACTOR};
 use chash::analysis::{ownership, sample_load, sampling_floor_cv, Balance};
 use chash::{KeyHasher, Node, Placement, Ring};
 use clap::Args;
@@ -50,6 +51,113 @@ fn hit_rate<'r>(shards: &[Shard], keys: &[Vec<u8>], owner: impl Fn(&[u8]) -> Opt
 
 fn pct(x: f64) -> String {
     format!("{:.2}%", 100.0 * x)
+}
+
+/// Share of `keys` whose owner's id differs between `a` and `b`.
+fn moved_share<P: Placement, Q: Placement>(a: &P, b: &Q, keys: &[Vec<u8>]) -> f64 {
+    let moved = keys.iter().filter(|k| a.node_for(k).map(Node::id) != b.node_for(k).map(Node::id)).count();
+    moved as f64 / keys.len() as f64
+}
+
+/// Balance of `p` over `keys`, per unit of each node's weight.
+fn balance_of<P: Placement>(p: &P, keys: &[Vec<u8>]) -> Balance {
+    let load = sample_load(p, keys);
+    let weights: Vec<u32> = p.nodes().iter().map(Node::weight).collect();
+    Balance::of(&load.iter().map(|&c| c as f64).collect::<Vec<_>>(), &weights)
+}
+
+/// One row of the table in section 4: balance before, keys moved on the leave and the join.
+fn table_row(out: &mut impl Write, name: &str, b: Balance, leave: f64, join: f64) -> io::Result<()> {
+    writeln!(out, "   {:<34} {:>8.4} {:>10.3} {:>14} {:>14}", name, b.cv, b.peak_over_mean, pct(leave), pct(join))
+}
+
+/// Section 4's rows for the other algorithms: the same shards, `leaving`
+/// leaves, then cache-e (weight 1) joins. Algorithms without weights run on
+/// the same shards at weight 1; jump can only lose its last node.
+fn algorithm_rows(out: &mut impl Write, spec: &[(&str, u32)], leaving: &str, keys: &[Vec<u8>]) -> Result<()> {
+    let weighted = || spec.iter().map(|&(id, w)| Node::new(id, w)).collect::<chash::Result<Vec<_>>>();
+    let equal = || spec.iter().map(|&(id, _)| Node::new(id, 1)).collect::<chash::Result<Vec<_>>>();
+    let newcomer = || Node::new("cache-e", 1);
+
+    let r = Rendezvous::new(weighted()?)?;
+    let left = r.without_node(leaving)?;
+    let joined = left.with_node(newcomer()?)?;
+    table_row(
+        out,
+        "rendezvous",
+        balance_of(&r, keys),
+        moved_share(&r, &left, keys),
+        moved_share(&left, &joined, keys),
+    )?;
+
+    let m = Maglev::new(weighted()?)?;
+    let left = m.without_node(leaving)?;
+    let joined = left.with_node(newcomer()?)?;
+    table_row(
+        out,
+        "maglev, table 65537",
+        balance_of(&m, keys),
+        moved_share(&m, &left, keys),
+        moved_share(&left, &joined, keys),
+    )?;
+
+    let j = Jump::new(equal()?)?;
+    let last = spec[spec.len() - 1].0;
+    let left = j.without_last();
+    let joined = left.with_node(newcomer()?)?;
+    table_row(
+        out,
+        &format!("jump (w=1; only {last} can leave)"),
+        balance_of(&j, keys),
+        moved_share(&j, &left, keys),
+        moved_share(&left, &joined, keys),
+    )?;
+
+    let a = Anchor::new(equal()?)?;
+    let left = a.without_node(leaving)?;
+    let joined = left.with_node(newcomer()?)?;
+    table_row(
+        out,
+        "anchor (w=1)",
+        balance_of(&a, keys),
+        moved_share(&a, &left, keys),
+        moved_share(&left, &joined, keys),
+    )?;
+
+    let mp = MultiProbe::new(equal()?)?;
+    let left = mp.without_node(leaving)?;
+    let joined = left.with_node(newcomer()?)?;
+    table_row(
+        out,
+        "multiprobe (w=1), 21 probes",
+        balance_of(&mp, keys),
+        moved_share(&mp, &left, keys),
+        moved_share(&left, &joined, keys),
+    )?;
+
+    // Bounded loads: every key acquires one unit of load, in order, and
+    // keeps it; a change re-places every key on the changed ring.
+    let place = |b: &Bounded| -> Vec<String> {
+        keys.iter().map(|k| b.acquire(k).map_or(String::new(), |i| b.nodes()[i].id().to_owned())).collect()
+    };
+    let ring = Ring::new(weighted()?)?;
+    let b = Bounded::new(ring.clone(), DEFAULT_BALANCE_FACTOR)?;
+    let before = place(&b);
+    let loads: Vec<f64> = b.loads().into_iter().map(|l| l as f64).collect();
+    let weights: Vec<u32> = spec.iter().map(|s| s.1).collect();
+    let left_ring = ring.without_node(leaving)?;
+    let after_leave = place(&Bounded::new(left_ring.clone(), DEFAULT_BALANCE_FACTOR)?);
+    let after_join = place(&Bounded::new(left_ring.with_node(newcomer()?)?, DEFAULT_BALANCE_FACTOR)?);
+    let changed =
+        |a: &[String], b: &[String]| a.iter().zip(b).filter(|(x, y)| x != y).count() as f64 / keys.len() as f64;
+    table_row(
+        out,
+        &format!("bounded, c = {DEFAULT_BALANCE_FACTOR}, 160 vnodes"),
+        Balance::of(&loads, &weights),
+        changed(&before, &after_leave),
+        changed(&after_leave, &after_join),
+    )?;
+    Ok(())
 }
 
 pub fn run(args: DemoArgs) -> Result<()> {
@@ -160,10 +268,10 @@ pub fn run(args: DemoArgs) -> Result<()> {
     writeln!(out, "   cache hit rate right after:  ring {}   hash % n {}\n", pct(ring_join_hits), pct(mod_join_hits))?;
 
     // 4. The trade-off of the ring's one knob.
-    writeln!(out, "4. Balance and movement by vnodes (same shards, {} keys)", n_keys)?;
+    writeln!(out, "4. Balance and movement by placement (same shards, {} keys)", n_keys)?;
     writeln!(
         out,
-        "   {:<16} {:>8} {:>10} {:>14} {:>14}",
+        "   {:<34} {:>8} {:>10} {:>14} {:>14}",
         "placement", "CV", "peak/mean", "moved on leave", "moved on join"
     )?;
     for vnodes in [10u32, 40, 160, 640] {
@@ -176,21 +284,20 @@ pub fn run(args: DemoArgs) -> Result<()> {
         let moved_leave = keys.iter().filter(|k| r.node_for(k).map(Node::id) != left.node_for(k).map(Node::id)).count();
         let moved_join =
             keys.iter().filter(|k| left.node_for(k).map(Node::id) != joined.node_for(k).map(Node::id)).count();
-        writeln!(
+        table_row(
             out,
-            "   {:<16} {:>8.4} {:>10.3} {:>14} {:>14}",
-            format!("ring, {vnodes} vnodes"),
-            b.cv,
-            b.peak_over_mean,
-            pct(moved_leave as f64 / n_keys as f64),
-            pct(moved_join as f64 / n_keys as f64)
+            &format!("ring, {vnodes} vnodes"),
+            b,
+            moved_leave as f64 / n_keys as f64,
+            moved_join as f64 / n_keys as f64,
         )?;
     }
+    algorithm_rows(out, &spec, leaving, &keys)?;
     let mod_leave = keys.iter().filter(|k| spec[modulo(k, 4)].0 != remaining[modulo(k, 3)]).count();
     let mod_join = keys.iter().filter(|k| remaining[modulo(k, 3)] != grown[modulo(k, 4)]).count();
     writeln!(
         out,
-        "   {:<16} {:>8} {:>10} {:>14} {:>14}",
+        "   {:<34} {:>8} {:>10} {:>14} {:>14}",
         "hash % n",
         "(equal)",
         "",
@@ -199,9 +306,13 @@ pub fn run(args: DemoArgs) -> Result<()> {
     )?;
     writeln!(
         out,
-        "   (the sampling floor for {} keys on 4 equal shards is CV {:.4})",
+        "   (the sampling floor for {} keys on 4 equal shards is CV {:.4}; CV and peak/mean are per unit of\n   \
+         weight; the optimum is {} on the leave ({leaving}'s share) and {} on the join, and 25.00% for\n   \
+         both at weight 1 (w=1); jump's leave is cache-d's)",
         n_keys,
-        sampling_floor_cv(n_keys as u64, 4)
+        sampling_floor_cv(n_keys as u64, 4),
+        pct(f64::from(spec[2].1) / f64::from(total_w)),
+        pct(1.0 / f64::from(total_w - spec[2].1 + 1)),
     )?;
     out.flush()?;
     Ok(())
