@@ -1,0 +1,295 @@
+//! Lookup and build speed of `chash::algo` against peer crates, in the same
+//! run on the same machine: maglev, jumphash, anchorhash, hash-rings and
+//! mpchash.
+//!
+//! Keys are `user:<i>` (10 bytes), pre-generated and cycled as in
+//! benches/ring.rs. Nodes have weight 1.
+//!
+//! Groups:
+//! - `algo_from_u64/N`: node from a precomputed 64-bit hash. Peers that take
+//!   a generic `Hash` key get the u64 through an identity `Hasher` where the
+//!   crate allows one without breaking its placement (jumphash, anchorhash,
+//!   hash-rings' jump); maglev's hasher folds the u64 with a multiply (an
+//!   identity would collapse its node permutations, which it hashes with the
+//!   same hasher); hash-rings' maglev and mpc and mpchash hash the u64 with
+//!   their own fixed hashers (SipHash, SipHash, xxh3), so their figures
+//!   include that hash.
+//! - `algo_with_hash/N`: from key bytes, each crate with its own key hash
+//!   (chash: xxh3; jumphash: SipHash-1-3; maglev: `DefaultHasher`;
+//!   anchorhash: `RandomState`; mpchash: xxh3; hash-rings: SipHash or
+//!   `RandomState`).
+//! - `algo_build/1000`: building for 1000 nodes; Maglev's table is 100,003
+//!   entries (the smallest prime above 100 × 1000, which the maglev crate
+//!   and hash-rings also choose for 1000 nodes).
+//!
+//! Run: `cargo bench -p chash --bench algos`.
+
+use std::hash::{BuildHasher, Hasher};
+use std::hint::black_box;
+use std::time::Duration;
+
+use chash::algo::{next_prime, Anchor, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY};
+use chash::{KeyHasher, Node, Placement};
+use criterion::{BenchmarkGroup, Criterion, SamplingMode};
+
+const SIZES: [usize; 3] = [10, 100, 1000];
+const KEY_COUNT: usize = 4096;
+const KEY_MASK: usize = KEY_COUNT - 1;
+
+fn keys() -> Vec<String> {
+    (0..KEY_COUNT).map(|i| format!("user:{}", 10_000 + i)).collect()
+}
+
+fn nodes(n: usize) -> Vec<Node> {
+    (0..n).map(|i| Node::new(format!("node-{i}"), 1).unwrap()).collect()
+}
+
+/// The table size chash uses for `n` nodes: 65,537, or the smallest prime
+/// above 100 × n when that is larger.
+fn maglev_size(n: usize) -> u64 {
+    next_prime(100 * n as u64 + 1).max(65_537)
+}
+
+fn anchor_capacity(n: usize) -> u32 {
+    DEFAULT_ANCHOR_CAPACITY.max(n as u32)
+}
+
+/// Returns the last `u64` written (see benches/ring.rs).
+#[derive(Clone, Copy, Debug, Default)]
+struct IdentityHasher(u64);
+
+impl Hasher for IdentityHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n);
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct IdentityBuild;
+
+impl BuildHasher for IdentityBuild {
+    type Hasher = IdentityHasher;
+
+    fn build_hasher(&self) -> IdentityHasher {
+        IdentityHasher(0)
+    }
+}
+
+/// Folds words in with one multiply each (maglev's node permutations need a
+/// real mix; see benches/ring.rs).
+#[derive(Clone, Copy, Debug, Default)]
+struct FoldHasher(u64);
+
+impl Hasher for FoldHasher {
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct FoldBuild;
+
+impl BuildHasher for FoldBuild {
+    type Hasher = FoldHasher;
+
+    fn build_hasher(&self) -> FoldHasher {
+        FoldHasher(0)
+    }
+}
+
+/// Benchmarks `f` over the cycled inputs.
+fn bench<I: Copy, R>(
+    g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    inputs: &[I],
+    f: impl Fn(I) -> R,
+) {
+    g.bench_function(name, |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            let x = inputs[i & KEY_MASK];
+            i = i.wrapping_add(1);
+            f(black_box(x))
+        })
+    });
+}
+
+fn from_u64(c: &mut Criterion) {
+    let hashes: Vec<u64> = keys().iter().map(|k| KeyHasher::Xxh3.hash(k.as_bytes())).collect();
+    for n in SIZES {
+        let mut g = c.benchmark_group(format!("algo_from_u64/{n}"));
+        g.measurement_time(Duration::from_secs(1)).warm_up_time(Duration::from_millis(300));
+
+        let jump = Jump::new(nodes(n)).unwrap();
+        bench(&mut g, "chash/jump", &hashes, |h| jump.locate_hash(h));
+        let jh = jumphash::CustomJumpHasher::new(IdentityHasher::default());
+        bench(&mut g, "jumphash", &hashes, |h| jh.slot(&h, n as u32));
+        let hr_jump = hash_rings::jump::Ring::with_hasher(IdentityBuild, n as u32);
+        bench(&mut g, "hash-rings/jump", &hashes, |h| hr_jump.get_node(&h));
+
+        let maglev = Maglev::builder().table_size(maglev_size(n)).build(nodes(n)).unwrap();
+        bench(&mut g, "chash/maglev", &hashes, |h| maglev.locate_hash(h));
+        let peer = maglev::Maglev::with_hasher(0..n as u32, FoldBuild);
+        bench(&mut g, "maglev", &hashes, |h| maglev::ConsistentHasher::get(&peer, &h).copied());
+        drop(peer);
+        let ids: Vec<u32> = (0..n as u32).collect();
+        let hr_maglev = hash_rings::maglev::Ring::new(ids.iter().collect());
+        bench(&mut g, "hash-rings/maglev", &hashes, |h| *hr_maglev.get_node(&h));
+        drop(hr_maglev);
+
+        let anchor = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, anchor_capacity(n)).unwrap();
+        bench(&mut g, "chash/anchor", &hashes, |h| anchor.locate_hash(h));
+        let full = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, n as u32).unwrap();
+        bench(&mut g, "chash/anchor_capacity_n", &hashes, |h| full.locate_hash(h));
+        let peer: anchorhash::AnchorHash<u64, u32, IdentityBuild> =
+            anchorhash::Builder::with_hasher(IdentityBuild).with_resources(0..n as u32).build(n as u16);
+        bench(&mut g, "anchorhash", &hashes, |h| peer.get_resource(h).copied());
+        drop(peer);
+
+        let mp = MultiProbe::new(nodes(n)).unwrap();
+        bench(&mut g, "chash/multiprobe", &hashes, |h| mp.locate_hash(h));
+        let peer = mpchash::HashRing::<u32>::new();
+        for i in 0..n as u32 {
+            peer.add(i);
+        }
+        bench(&mut g, "mpchash", &hashes, |h| peer.node(&h).map(|t| *t.node()));
+        drop(peer);
+        let mut hr_mpc = hash_rings::mpc::Ring::new(21);
+        for id in &ids {
+            hr_mpc.insert_node(id);
+        }
+        bench(&mut g, "hash-rings/mpc", &hashes, |h| *hr_mpc.get_node(&h));
+        drop(hr_mpc);
+
+        let rv = Rendezvous::new(nodes(n)).unwrap();
+        bench(&mut g, "chash/rendezvous", &hashes, |h| rv.locate_hash(h));
+        let mut hr_rv = hash_rings::rendezvous::Ring::with_hasher(IdentityBuild);
+        for id in &ids {
+            hr_rv.insert_node(id, 1);
+        }
+        bench(&mut g, "hash-rings/rendezvous", &hashes, |h| *hr_rv.get_node(&h));
+        drop(hr_rv);
+        let mut weighted = Rendezvous::new(nodes(n)).unwrap();
+        weighted = weighted.with_weight("node-0", 2).unwrap();
+        bench(&mut g, "chash/rendezvous_weighted", &hashes, |h| weighted.locate_hash(h));
+        let mut hr_wrv = hash_rings::weighted_rendezvous::Ring::with_hasher(IdentityBuild);
+        for id in &ids {
+            hr_wrv.insert_node(id, if *id == 0 { 2.0 } else { 1.0 });
+        }
+        bench(&mut g, "hash-rings/weighted_rendezvous", &hashes, |h| *hr_wrv.get_node(&h));
+        g.finish();
+    }
+}
+
+fn with_hash(c: &mut Criterion) {
+    let keys = keys();
+    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for n in SIZES {
+        let mut g = c.benchmark_group(format!("algo_with_hash/{n}"));
+        g.measurement_time(Duration::from_secs(1)).warm_up_time(Duration::from_millis(300));
+
+        let jump = Jump::new(nodes(n)).unwrap();
+        bench(&mut g, "chash/jump", &key_refs, |k| jump.locate(k.as_bytes()));
+        let jh = jumphash::JumpHasher::new_with_keys(1, 2);
+        bench(&mut g, "jumphash", &key_refs, |k| jh.slot(&k, n as u32));
+
+        let maglev = Maglev::builder().table_size(maglev_size(n)).build(nodes(n)).unwrap();
+        bench(&mut g, "chash/maglev", &key_refs, |k| maglev.locate(k.as_bytes()));
+        let peer = maglev::Maglev::new(0..n as u32);
+        bench(&mut g, "maglev", &key_refs, |k| maglev::ConsistentHasher::get(&peer, &k).copied());
+        drop(peer);
+
+        let anchor = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, anchor_capacity(n)).unwrap();
+        bench(&mut g, "chash/anchor", &key_refs, |k| anchor.locate(k.as_bytes()));
+        let peer: anchorhash::AnchorHash<&str, u32, _> =
+            anchorhash::Builder::default().with_resources(0..n as u32).build(n as u16);
+        bench(&mut g, "anchorhash", &key_refs, |k| peer.get_resource(k).copied());
+        drop(peer);
+
+        let mp = MultiProbe::new(nodes(n)).unwrap();
+        bench(&mut g, "chash/multiprobe", &key_refs, |k| mp.locate(k.as_bytes()));
+        let peer = mpchash::HashRing::<u32>::new();
+        for i in 0..n as u32 {
+            peer.add(i);
+        }
+        bench(&mut g, "mpchash", &key_refs, |k| peer.node(&k).map(|t| *t.node()));
+        drop(peer);
+
+        let rv = Rendezvous::new(nodes(n)).unwrap();
+        bench(&mut g, "chash/rendezvous", &key_refs, |k| rv.locate(k.as_bytes()));
+        g.finish();
+    }
+}
+
+fn build(c: &mut Criterion) {
+    const N: usize = 1000;
+    let mut g = c.benchmark_group(format!("algo_build/{N}"));
+    g.sampling_mode(SamplingMode::Flat).sample_size(20).measurement_time(Duration::from_secs(3));
+    let size = maglev_size(N);
+    assert_eq!(size, 100_003);
+    g.bench_function("chash/maglev", |b| {
+        b.iter(|| Maglev::builder().table_size(size).build(black_box(nodes(N))).unwrap())
+    });
+    g.bench_function("maglev", |b| b.iter(|| maglev::Maglev::new(black_box(0..N as u32))));
+    let ids: Vec<u32> = (0..N as u32).collect();
+    g.bench_function("hash-rings/maglev", |b| {
+        b.iter(|| hash_rings::maglev::Ring::new(black_box(ids.iter().collect())))
+    });
+    g.bench_function("chash/anchor", |b| b.iter(|| Anchor::new(black_box(nodes(N))).unwrap()));
+    g.bench_function("anchorhash", |b| {
+        b.iter(|| {
+            let a: anchorhash::AnchorHash<u64, u32, _> =
+                anchorhash::Builder::default().with_resources(black_box(0..N as u32)).build(N as u16);
+            a
+        })
+    });
+    g.bench_function("chash/multiprobe", |b| b.iter(|| MultiProbe::new(black_box(nodes(N))).unwrap()));
+    g.bench_function("mpchash", |b| {
+        b.iter(|| {
+            let ring = mpchash::HashRing::<u32>::new();
+            for i in 0..N as u32 {
+                ring.add(black_box(i));
+            }
+            ring
+        })
+    });
+    g.bench_function("chash/rendezvous", |b| b.iter(|| Rendezvous::new(black_box(nodes(N))).unwrap()));
+    g.bench_function("chash/jump", |b| b.iter(|| Jump::new(black_box(nodes(N))).unwrap()));
+    g.finish();
+}
+
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    from_u64(&mut c);
+    with_hash(&mut c);
+    build(&mut c);
+    c.final_summary();
+}
