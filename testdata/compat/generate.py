@@ -405,6 +405,10 @@ TW_VARIANTS = [
     ("tw-modula-md5", "modula", "md5", servers4([1, 2, 1, 1])),
     ("tw-modula-fnv1a_64", "modula", "fnv1a_64", servers4([1, 1, 1, 1])),
     ("tw-ketama-md5-hashtag", "ketama", "md5", servers4([1, 2, 1, 3]), "{}"),
+    # twemproxy sorts servers by name (shorter first, then bytewise) and
+    # keeps that order: listed out of order, modula's slots show it.
+    ("tw-modula-md5-unsorted", "modula", "md5",
+     [(MC_SERVERS[3], 1, None), (MC_SERVERS[1], 2, "zeta"), (MC_SERVERS[0], 1, None), (MC_SERVERS[2], 3, None)]),
     ("tw-modula-crc32a-hashtag", "modula", "crc32a", servers4([1, 1, 1, 1]), "{}"),
 ]
 
@@ -457,7 +461,9 @@ def run_twemproxy(keys, tmp, limit):
         p = start_nutcracker(cfg, tmp)
         try:
             set_all(TW_LISTEN, tw_keys)
-            placement = locate(tw_keys, [s[0] for s in servers] + [f"(not in config: {s})" for s in MC_SERVERS[len(servers):]])
+            # locate() wants one label per memcached, in MC_PORTS order.
+            listed = {s[0] for s in servers}
+            placement = locate(tw_keys, [m if m in listed else f"(not in config: {m})" for m in MC_SERVERS])
         finally:
             stop(p)
             wait_closed(TW_LISTEN)

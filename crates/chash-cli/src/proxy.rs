@@ -69,6 +69,10 @@ pub struct ProxyArgs {
     /// Memory bound of each embedded shard, in MiB (embedded default only).
     #[arg(long, value_name = "MIB", default_value_t = 64)]
     shard_memory: u64,
+
+    /// Listen address of the embedded default pool (port 0 picks a free one).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:22121", conflicts_with = "config")]
+    listen: String,
 }
 
 fn init_logging(verbosity: u8) {
@@ -121,7 +125,7 @@ async fn serve(args: ProxyArgs) -> Result<()> {
             (load(path)?.into_iter().map(|config| PoolSpec { config, addresses: HashMap::new() }).collect(), None)
         }
         None => {
-            let (spec, shutdown) = embedded_pool(args.shard_memory << 20).await?;
+            let (spec, shutdown) = embedded_pool(args.shard_memory << 20, &args.listen).await?;
             (vec![spec], Some(shutdown))
         }
     };
@@ -137,7 +141,7 @@ async fn serve(args: ProxyArgs) -> Result<()> {
 }
 
 /// The embedded default: three in-process shards behind one pool.
-async fn embedded_pool(memory: u64) -> Result<(PoolSpec, tokio::sync::watch::Sender<bool>)> {
+async fn embedded_pool(memory: u64, listen: &str) -> Result<(PoolSpec, tokio::sync::watch::Sender<bool>)> {
     let (stop, rx) = tokio::sync::watch::channel(false);
     let mut addresses = HashMap::new();
     let mut servers = Vec::new();
@@ -148,7 +152,7 @@ async fn embedded_pool(memory: u64) -> Result<(PoolSpec, tokio::sync::watch::Sen
     }
     let mut pool = Pool::from_servers(servers);
     pool.name = "embedded".into();
-    pool.file.listen = Some("127.0.0.1:22121".into());
+    pool.file.listen = Some(listen.to_owned());
     Ok((PoolSpec { config: pool, addresses }, stop))
 }
 

@@ -173,10 +173,20 @@ impl Server {
 
     /// Queues a request and returns the channel its reply arrives on. Waits
     /// only when the connection's queue is full (backpressure).
-    pub async fn submit(&self, data: Bytes, kind: ReplyKind) -> oneshot::Receiver<Result<Reply, BackendError>> {
+    ///
+    /// Requests with the same `affinity` (a client connection's number) use
+    /// the same backend connection, so one client's requests to a server are
+    /// executed in the order it sent them (a `set` then a `get` of the same
+    /// key never overtake each other).
+    pub async fn submit(
+        &self,
+        data: Bytes,
+        kind: ReplyKind,
+        affinity: usize,
+    ) -> oneshot::Receiver<Result<Reply, BackendError>> {
         let (tx, rx) = oneshot::channel();
         self.stats.requests.fetch_add(1, Relaxed);
-        let i = self.next.fetch_add(1, Relaxed) % self.queues.len();
+        let i = affinity % self.queues.len();
         let job = Job { data, kind, reply: tx };
         if let Err(mpsc::error::SendError(job)) = self.queues[i].send(job).await {
             let _ = job.reply.send(Err(BackendError::Gone));
@@ -187,7 +197,8 @@ impl Server {
     /// Sends a request and waits for its reply.
     pub async fn call(&self, data: Bytes, kind: ReplyKind) -> Result<Reply, BackendError> {
         let started = Instant::now();
-        let rx = self.submit(data, kind).await;
+        let affinity = self.next.fetch_add(1, Relaxed);
+        let rx = self.submit(data, kind, affinity).await;
         self.finish(rx, started).await
     }
 

@@ -40,6 +40,8 @@ fn server_error(server: &Server, e: &BackendError) -> Bytes {
     Bytes::from(format!("SERVER_ERROR backend {} {e}\r\n", server.id()))
 }
 
+static NEXT_CLIENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// Requests a client may have outstanding before the proxy stops reading.
 const MAX_PIPELINE: usize = 1024;
 
@@ -49,6 +51,8 @@ pub async fn serve<S>(stream: S, pool: Arc<Pool>, shared: Arc<Shared>, mut shutd
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
+    // This connection's requests to a server all use one backend connection.
+    let affinity = NEXT_CLIENT.fetch_add(1, Relaxed);
     let (mut r, mut w) = tokio::io::split(stream);
     let (tx, rx) = mpsc::channel::<PendingReply>(MAX_PIPELINE);
     let writer = tokio::spawn(async move {
@@ -93,7 +97,7 @@ where
                 Parsed::Request(Request::Quit) => break 'conn,
                 Parsed::Request(req) => {
                     pool.stats.requests.fetch_add(1, Relaxed);
-                    let reply = dispatch(&pool, &shared, req).await;
+                    let reply = dispatch(&pool, &shared, req, affinity).await;
                     if tx.send(reply).await.is_err() {
                         break 'conn;
                     }
@@ -161,16 +165,16 @@ async fn write_replies<W: AsyncWrite + Unpin>(w: &mut W, mut rx: mpsc::Receiver<
 }
 
 /// Sends a request on its way and returns the future of its reply.
-async fn dispatch(pool: &Arc<Pool>, shared: &Arc<Shared>, req: Request) -> PendingReply {
+async fn dispatch(pool: &Arc<Pool>, shared: &Arc<Shared>, req: Request, affinity: usize) -> PendingReply {
     match req {
-        Request::Retrieval { .. } => retrieval(pool, req).await,
+        Request::Retrieval { .. } => retrieval(pool, req, affinity).await,
         Request::Storage { .. } | Request::Delete { .. } | Request::Arith { .. } | Request::Touch { .. } => {
             if matches!(req, Request::Storage { .. }) {
                 pool.stats.cmd_set.fetch_add(1, Relaxed);
             }
-            single_key(pool, req).await
+            single_key(pool, req, affinity).await
         }
-        Request::FlushAll { noreply, .. } => flush_all(pool, &req, noreply).await,
+        Request::FlushAll { noreply, .. } => flush_all(pool, &req, noreply, affinity).await,
         Request::Version => ready_owned(Bytes::from(format!("VERSION chash-proxy-{}\r\n", env!("CARGO_PKG_VERSION")))),
         Request::Verbosity { noreply: true } => Box::pin(std::future::ready(None)),
         Request::Verbosity { noreply: false } => ready(b"OK\r\n"),
@@ -179,7 +183,7 @@ async fn dispatch(pool: &Arc<Pool>, shared: &Arc<Shared>, req: Request) -> Pendi
     }
 }
 
-async fn single_key(pool: &Arc<Pool>, req: Request) -> PendingReply {
+async fn single_key(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingReply {
     let noreply = req.noreply();
     let Some(key) = req.single_key() else { return ready(b"ERROR\r\n") };
     let Some(server) = pool.state().server_for(key).cloned() else {
@@ -193,7 +197,7 @@ async fn single_key(pool: &Arc<Pool>, req: Request) -> PendingReply {
     let mut data = BytesMut::new();
     req.encode(&mut data);
     let started = Instant::now();
-    let rx = server.submit(data.freeze(), ReplyKind::Line).await;
+    let rx = server.submit(data.freeze(), ReplyKind::Line, affinity).await;
     let pool = pool.clone();
     Box::pin(async move {
         let result = server.finish(rx, started).await;
@@ -211,7 +215,7 @@ async fn single_key(pool: &Arc<Pool>, req: Request) -> PendingReply {
     })
 }
 
-async fn retrieval(pool: &Arc<Pool>, req: Request) -> PendingReply {
+async fn retrieval(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingReply {
     let Request::Retrieval { cmd, exptime, keys } = req else { return ready(b"ERROR\r\n") };
     pool.stats.cmd_get.fetch_add(1, Relaxed);
     pool.stats.get_keys.fetch_add(keys.len() as u64, Relaxed);
@@ -238,7 +242,7 @@ async fn retrieval(pool: &Arc<Pool>, req: Request) -> PendingReply {
         let mut data = BytesMut::new();
         Request::Retrieval { cmd, exptime, keys: group_keys }.encode(&mut data);
         let started = Instant::now();
-        let rx = server.submit(data.freeze(), ReplyKind::Values).await;
+        let rx = server.submit(data.freeze(), ReplyKind::Values, affinity).await;
         waits.push((server, rx, started));
     }
     let pool = pool.clone();
@@ -274,7 +278,7 @@ async fn retrieval(pool: &Arc<Pool>, req: Request) -> PendingReply {
     })
 }
 
-async fn flush_all(pool: &Arc<Pool>, req: &Request, noreply: bool) -> PendingReply {
+async fn flush_all(pool: &Arc<Pool>, req: &Request, noreply: bool, affinity: usize) -> PendingReply {
     let servers: Vec<Arc<Server>> = pool.state().members.iter().map(|m| m.server.clone()).collect();
     let mut data = BytesMut::new();
     req.encode(&mut data);
@@ -282,7 +286,7 @@ async fn flush_all(pool: &Arc<Pool>, req: &Request, noreply: bool) -> PendingRep
     let mut waits = Vec::new();
     for server in servers {
         let started = Instant::now();
-        let rx = server.submit(data.clone(), ReplyKind::Line).await;
+        let rx = server.submit(data.clone(), ReplyKind::Line, affinity).await;
         waits.push((server, rx, started));
     }
     Box::pin(async move {

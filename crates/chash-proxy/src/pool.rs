@@ -411,7 +411,14 @@ fn build_routing(config: &PoolConfig, members: &[Member]) -> Result<Option<Routi
     let mut live_config = config.clone();
     live_config.servers = live.iter().map(|&i| members[i].line.clone()).collect();
     let snapshot = live_config.snapshot().map_err(|e| PoolError(format!("pool {:?}: {e}", config.name)))?;
-    Ok(Some(Routing::Placed { snapshot, to_member: live }))
+    // The placement may order nodes its own way (twemproxy sorts by name).
+    let to_member = snapshot
+        .nodes()
+        .iter()
+        .map(|n| live.iter().copied().find(|&i| members[i].line.id == n.id()))
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| PoolError(format!("pool {:?}: placement and servers disagree", config.name)))?;
+    Ok(Some(Routing::Placed { snapshot, to_member }))
 }
 
 /// Share of the key space whose server changes between two routings:

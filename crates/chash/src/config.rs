@@ -34,7 +34,7 @@ use crate::algo::{
     Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY, DEFAULT_BALANCE_FACTOR,
     DEFAULT_MAGLEV_TABLE_SIZE, DEFAULT_PROBES,
 };
-use crate::compat::{Ketama, Modula, NginxChash};
+use crate::compat::{twemproxy_order, Ketama, Modula, NginxChash};
 use crate::placement::Placement;
 use crate::ring::{Ring, DEFAULT_VNODES};
 use crate::PointLabel;
@@ -410,8 +410,8 @@ impl Pool {
             Distribution::Multiprobe => {
                 AnyPlacement::MultiProbe(MultiProbe::with_probes(nodes, self.hash, self.probes)?)
             }
-            Distribution::Ketama => AnyPlacement::Ketama(Ketama::new(nodes, self.hash)?),
-            Distribution::Modula => AnyPlacement::Modula(Modula::new(nodes, self.hash)?),
+            Distribution::Ketama => AnyPlacement::Ketama(Ketama::new(twemproxy_order(nodes)?, self.hash)?),
+            Distribution::Modula => AnyPlacement::Modula(Modula::new(twemproxy_order(nodes)?, self.hash)?),
             Distribution::Nginx => AnyPlacement::Nginx(NginxChash::new(nodes)?),
             Distribution::Random => {
                 return Err(Error::Unsupported(

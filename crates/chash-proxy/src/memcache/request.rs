@@ -350,7 +350,8 @@ fn storage(buf: &mut BytesMut, line: &Bytes, words: &[&[u8]], line_len: usize, m
     let parsed = if words.len() == fixed || noreply {
         let flags = num::<u32>(words[2]);
         let exptime = num::<i64>(words[3]);
-        let bytes = num::<i64>(words[4]);
+        // memcached reads the length as a 32-bit int: more is a format error.
+        let bytes = num::<i32>(words[4]).map(i64::from);
         let cas = if cmd == StorageCmd::Cas { num::<u64>(words[5]) } else { Some(0) };
         match (flags, exptime, bytes, cas) {
             (Some(f), Some(e), Some(b), Some(c)) if b >= 0 => Some((f, e, b as usize, c)),
@@ -378,8 +379,9 @@ fn storage(buf: &mut BytesMut, line: &Bytes, words: &[&[u8]], line_len: usize, m
         return Parsed::Incomplete;
     }
     if &buf[line_len + len..line_len + len + 2] != b"\r\n" {
-        // memcached answers and swallows the rest of the line as a new command.
-        buf.advance(line_len + len);
+        // As memcached: the block (and its two would-be terminator bytes) is
+        // consumed; whatever follows is read as the next command.
+        buf.advance(line_len + len + 2);
         return refused(BAD_CHUNK);
     }
     let key = line.slice_ref(words[1]);
@@ -516,7 +518,7 @@ mod tests {
         assert_eq!(parse(too_long_key.as_bytes()).0, Parsed::Refused { reply: BAD_FORMAT, skip: 3, close: false });
         assert_eq!(parse(b"set k 0 0 4096\r\n").0, Parsed::Refused { reply: TOO_LARGE, skip: 4098, close: false });
         assert_eq!(parse(b"set k 0 0 -1\r\n").0, refused(BAD_FORMAT));
-        assert_eq!(parse(b"set k 0 0 1\r\nxyz\r\n"), (refused(BAD_CHUNK), 3));
+        assert_eq!(parse(b"set k 0 0 1\r\nxyz\r\n"), (refused(BAD_CHUNK), 2));
         assert_eq!(parse(b"bogus\r\n").0, refused(ERROR));
         assert_eq!(parse(b"\r\n").0, refused(ERROR));
         assert_eq!(parse(b"get\r\n").0, refused(ERROR));

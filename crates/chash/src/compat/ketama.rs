@@ -82,8 +82,40 @@ pub fn ketama_label_base<T>(node: &Node<T>) -> String {
     }
 }
 
+/// Puts servers in the order twemproxy keeps them: it sorts a pool's servers
+/// by name ([`ketama_label_base`]), shorter names first and equal lengths
+/// bytewise, when it checks the config for duplicates, and never restores
+/// the file's order. Modula's slots and ketama's ties follow that order.
+///
+/// # Errors
+/// Two servers with the same name, which twemproxy refuses too.
+///
+/// ```
+/// use chash::{compat::twemproxy_order, ServerLine};
+/// let nodes = ["10.0.0.1:11212:1", "10.0.0.1:11211:1", "10.0.0.1:9999:1"]
+///     .iter().map(|l| l.parse::<ServerLine>().unwrap().to_node().unwrap()).collect();
+/// let ids: Vec<String> = twemproxy_order(nodes)?.iter().map(|n| n.id().to_owned()).collect();
+/// // Names: "10.0.0.1:11212", "10.0.0.1" (port 11211), "10.0.0.1:9999".
+/// assert_eq!(ids, ["10.0.0.1:11211", "10.0.0.1:9999", "10.0.0.1:11212"]);
+/// # Ok::<(), chash::Error>(())
+/// ```
+pub fn twemproxy_order<T>(nodes: Vec<Node<T>>) -> Result<Vec<Node<T>>> {
+    let mut named: Vec<(String, Node<T>)> = nodes.into_iter().map(|n| (ketama_label_base(&n), n)).collect();
+    named.sort_by(|a, b| a.0.len().cmp(&b.0.len()).then_with(|| a.0.as_bytes().cmp(b.0.as_bytes())));
+    if let Some(w) = named.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(Error::Config(format!(
+            "servers {:?} and {:?} have the same name {:?} (twemproxy refuses that too)",
+            w[0].1.id(),
+            w[1].1.id(),
+            w[0].0
+        )));
+    }
+    Ok(named.into_iter().map(|(_, n)| n).collect())
+}
+
 impl Ketama {
-    /// Builds the continuum for `nodes` (all live) with key hash `hasher`.
+    /// Builds the continuum for `nodes` (all live, in the order given; see
+    /// [`twemproxy_order`] for twemproxy's) with key hash `hasher`.
     ///
     /// # Errors
     /// Duplicate ids; a hash wider than 32 bits (the continuum is 32 bits);

@@ -15,6 +15,6 @@ mod ketama;
 mod modula;
 mod nginx;
 
-pub use ketama::{ketama_label_base, ketama_points_per_server, Ketama};
+pub use ketama::{ketama_label_base, ketama_points_per_server, twemproxy_order, Ketama};
 pub use modula::{Modula, ModulaCandidates};
 pub use nginx::{nginx_host_port, NginxChash};

@@ -1,0 +1,483 @@
+//! The proxy in front of real memcached servers (and beside a real
+//! nutcracker), all on loopback ports the tests pick and processes the tests
+//! start and stop.
+
+mod support;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::{free_port, memcacheds, require, wait_listening, Client, Memcached, Proxy};
+
+fn refs(m: &[Memcached]) -> Vec<&Memcached> {
+    m.iter().collect()
+}
+
+#[test]
+fn every_command_through_the_proxy() {
+    let mc = memcacheds(4);
+    let proxy = Proxy::start(&support::config("", &refs(&mc)));
+    let mut c = proxy.client();
+    assert_eq!(c.set("k1", b"hello"), "STORED\r\n");
+    assert_eq!(c.cmd("add k1 0 0 1\r\nx\r\n"), "NOT_STORED\r\n");
+    assert_eq!(c.cmd("add k2 3 0 2\r\nhi\r\n"), "STORED\r\n");
+    assert_eq!(c.cmd("replace k2 4 0 2\r\nho\r\n"), "STORED\r\n");
+    assert_eq!(c.cmd("replace nope 0 0 1\r\nx\r\n"), "NOT_STORED\r\n");
+    assert_eq!(c.cmd("append k1 0 0 1\r\n!\r\n"), "STORED\r\n");
+    assert_eq!(c.cmd("prepend k1 0 0 1\r\n>\r\n"), "STORED\r\n");
+    assert_eq!(c.get("k1").unwrap(), b">hello!");
+    c.send(b"gets k2\r\n");
+    let v = c.read_get_reply();
+    assert_eq!((v[0].1, &v[0].2[..]), (4, &b"ho"[..]));
+    let cas = v[0].3.unwrap();
+    assert_eq!(c.cmd(&format!("cas k2 0 0 1 {}\r\nz\r\n", cas + 1)), "EXISTS\r\n");
+    assert_eq!(c.cmd(&format!("cas k2 0 0 1 {cas}\r\nz\r\n")), "STORED\r\n");
+    assert_eq!(c.cmd("cas nope 0 0 1 1\r\nz\r\n"), "NOT_FOUND\r\n");
+    assert_eq!(c.set("n", b"10"), "STORED\r\n");
+    assert_eq!(c.cmd("incr n 5\r\n"), "15\r\n");
+    assert_eq!(c.cmd("decr n 20\r\n"), "0\r\n");
+    assert_eq!(c.cmd("incr nope 1\r\n"), "NOT_FOUND\r\n");
+    assert_eq!(c.cmd("touch k1 100\r\n"), "TOUCHED\r\n");
+    c.send(b"gat 100 k1 nope k2\r\n");
+    let v = c.read_get_reply();
+    assert_eq!(v.iter().map(|x| x.0.as_str()).collect::<Vec<_>>(), ["k1", "k2"]);
+    c.send(b"gats 0 k2\r\n");
+    assert!(c.read_get_reply()[0].3.is_some());
+    assert_eq!(c.cmd("delete k1\r\n"), "DELETED\r\n");
+    assert_eq!(c.cmd("delete k1\r\n"), "NOT_FOUND\r\n");
+    // noreply: nothing comes back, and the next reply is the next command's.
+    c.send(b"set q 0 0 1 noreply\r\na\r\nincr n 1 noreply\r\ndelete k2 noreply\r\ntouch q 10 noreply\r\n");
+    assert_eq!(c.get("q").unwrap(), b"a");
+    assert_eq!(c.get("k2"), None);
+    assert!(c.cmd("version\r\n").starts_with("VERSION chash-proxy-"));
+    assert_eq!(c.cmd("verbosity 1\r\n"), "OK\r\n");
+    c.send(b"stats\r\n");
+    let mut stats = Vec::new();
+    loop {
+        let l = c.line();
+        if l == "END\r\n" {
+            break;
+        }
+        stats.push(l);
+    }
+    assert!(stats.iter().any(|l| l.starts_with("STAT curr_connections 1")), "{stats:?}");
+    assert_eq!(c.cmd("flush_all\r\n"), "OK\r\n");
+    assert_eq!(c.get("n"), None);
+    for m in &mc {
+        assert!(!m.holds("q"), "flush_all reached every server");
+    }
+    c.send(b"quit\r\n");
+    let mut rest = Vec::new();
+    let _ = TcpStream::read_to_end(&mut c.into_stream(), &mut rest);
+    assert!(rest.is_empty());
+}
+
+#[test]
+fn multi_get_spans_servers_in_client_order() {
+    let mc = memcacheds(4);
+    let proxy = Proxy::start(&support::config("  distribution: ketama\n  hash: md5\n", &refs(&mc)));
+    let mut c = proxy.client();
+    let keys: Vec<String> = (0..100).map(|i| format!("mk:{i}")).collect();
+    for k in keys.iter().step_by(2) {
+        assert_eq!(c.set(k, k.as_bytes()), "STORED\r\n");
+    }
+    // The keys really are on several servers.
+    let holders: std::collections::HashSet<u16> =
+        keys.iter().step_by(2).map(|k| mc.iter().find(|m| m.holds(k)).unwrap().port).collect();
+    assert!(holders.len() >= 3, "{holders:?}");
+    let mut asked: Vec<&str> = keys.iter().rev().map(String::as_str).collect();
+    asked.push("mk:0"); // a duplicate is answered twice, as memcached does
+    c.send(format!("get {}\r\n", asked.join(" ")).as_bytes());
+    let got = c.read_get_reply();
+    let want: Vec<&str> =
+        asked.iter().copied().filter(|k| k.trim_start_matches("mk:").parse::<u32>().unwrap() % 2 == 0).collect();
+    assert_eq!(got.iter().map(|v| v.0.as_str()).collect::<Vec<_>>(), want);
+    assert!(got.iter().all(|v| v.2 == v.0.as_bytes()));
+}
+
+/// 50 clients pipelining sets and gets whose values encode their keys: every
+/// reply must belong to its own request.
+#[test]
+fn pipelining_fifty_clients_never_mixes_replies() {
+    let mc = memcacheds(4);
+    let proxy = Proxy::start(&support::config("  server_connections: 2\n", &refs(&mc)));
+    let mismatches = Arc::new(AtomicU64::new(0));
+    let checked = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..50)
+        .map(|client| {
+            let (addr, mismatches, checked) = (proxy.addr, mismatches.clone(), checked.clone());
+            thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                for round in 0..4 {
+                    let mut batch = Vec::new();
+                    let keys: Vec<String> = (0..100).map(|i| format!("c{client}:r{round}:k{i}")).collect();
+                    for k in &keys {
+                        let v = format!("value-of-{k}");
+                        batch.extend_from_slice(format!("set {k} 0 0 {}\r\n{v}\r\nget {k}\r\n", v.len()).as_bytes());
+                    }
+                    batch.extend_from_slice(format!("get {}\r\n", keys.join(" ")).as_bytes());
+                    c.send(&batch);
+                    for k in &keys {
+                        assert_eq!(c.line(), "STORED\r\n");
+                        let v = c.read_get_reply();
+                        if v.len() != 1 || v[0].0 != *k || v[0].2 != format!("value-of-{k}").as_bytes() {
+                            mismatches.fetch_add(1, Relaxed);
+                        }
+                        checked.fetch_add(1, Relaxed);
+                    }
+                    let all = c.read_get_reply();
+                    for (v, k) in all.iter().zip(&keys) {
+                        if v.0 != *k || v.2 != format!("value-of-{k}").as_bytes() {
+                            mismatches.fetch_add(1, Relaxed);
+                        }
+                    }
+                    if all.len() != keys.len() {
+                        mismatches.fetch_add(1, Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(checked.load(Relaxed), 50 * 4 * 100);
+    assert_eq!(mismatches.load(Relaxed), 0);
+}
+
+/// The same config in nutcracker and in chash-proxy, in front of the same
+/// memcached servers: whatever one stores, the other finds.
+#[test]
+fn placement_equals_nutcracker() {
+    let nutcracker = require("nutcracker", "nutcracker");
+    let mc = memcacheds(4);
+    for extra in ["", "  hash: md5\n  hash_tag: \"{}\"\n", "  distribution: modula\n  hash: crc32a\n"] {
+        let yml = support::config(extra, &refs(&mc));
+        let proxy = Proxy::start(&yml);
+        let tw_port = free_port();
+        let tw_yml = yml.replacen(&format!("listen: {}", proxy.addr), &format!("listen: 127.0.0.1:{tw_port}"), 1);
+        let dir = std::env::temp_dir().join(format!("chash-nc-{}-{tw_port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("nutcracker.yml");
+        std::fs::write(&conf, &tw_yml).unwrap();
+        let mut tw = Command::new(&nutcracker)
+            .args(["-c", conf.to_str().unwrap(), "-s", &free_port().to_string(), "-a", "127.0.0.1"])
+            .args(["-o", dir.join("nc.log").to_str().unwrap(), "-p", dir.join("nc.pid").to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_listening(tw_port);
+        let mut via_tw = Client::connect(([127, 0, 0, 1], tw_port).into());
+        let mut via_chash = proxy.client();
+        // Fresh keys per direction (memcached's flush_all has one-second
+        // granularity, so flushing between rounds would race).
+        let keys = |dir: &str| (0..2000).map(|i| format!("nc:{tw_port}:{dir}:{{u{}}}:{i}", i % 37)).collect::<Vec<_>>();
+        let tw_keys = keys("tw");
+        for k in &tw_keys {
+            assert_eq!(via_tw.set(k, k.as_bytes()), "STORED\r\n");
+        }
+        let misses = tw_keys.iter().filter(|k| via_chash.get(k).as_deref() != Some(k.as_bytes())).count();
+        assert_eq!(misses, 0, "{extra:?}: chash-proxy missed keys nutcracker stored");
+        let chash_keys = keys("chash");
+        for k in &chash_keys {
+            assert_eq!(via_chash.set(k, b"x"), "STORED\r\n");
+        }
+        let misses = chash_keys.iter().filter(|k| via_tw.get(k).is_none()).count();
+        assert_eq!(misses, 0, "{extra:?}: nutcracker missed keys chash-proxy stored");
+        let _ = tw.kill();
+        let _ = tw.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn memccapable_passes_all_27_ascii_tests() {
+    let memccapable = require("memccapable", "libmemcached-tools");
+    let mc = memcacheds(4);
+    let proxy = Proxy::start(&support::config("", &refs(&mc)));
+    let out = Command::new(memccapable)
+        .args(["-a", "-h", "127.0.0.1", "-p", &proxy.addr.port().to_string()])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(text.matches("[pass]").count(), 27, "{text}");
+    assert!(text.contains("All tests passed"), "{text}");
+}
+
+fn owner_port(proxy: &Proxy, key: &str) -> u16 {
+    let state = proxy.handle.pools()[0].state();
+    let server = state.server_for(key.as_bytes()).unwrap();
+    server.id().rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// A killed server costs only its keys (clear SERVER_ERRORs, fast), and its
+/// keys work again when it comes back.
+#[test]
+fn dead_server_fails_only_its_keys_and_recovers() {
+    let mut mc = memcacheds(4);
+    let proxy = Proxy::start(&support::config("  timeout: 1000\n", &refs(&mc)));
+    let keys: Vec<String> = (0..400).map(|i| format!("dead:{i}")).collect();
+    let victim = mc[1].port;
+    let victim_keys: Vec<&String> = keys.iter().filter(|k| owner_port(&proxy, k) == victim).collect();
+    assert!(!victim_keys.is_empty());
+    mc[1].kill();
+    let mut c = proxy.client();
+    let started = Instant::now();
+    let (mut ok, mut failed) = (0, 0);
+    for k in &keys {
+        let reply = c.set(k, b"v");
+        if owner_port(&proxy, k) == victim {
+            assert!(reply.starts_with("SERVER_ERROR"), "{reply}");
+            failed += 1;
+        } else {
+            assert_eq!(reply, "STORED\r\n");
+            ok += 1;
+        }
+    }
+    assert_eq!(failed, victim_keys.len());
+    assert_eq!(ok + failed, keys.len());
+    assert!(started.elapsed() < Duration::from_secs(5), "failures are fast: {:?}", started.elapsed());
+    mc[1].restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if c.set(victim_keys[0], b"back") == "STORED\r\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the server's keys did not come back");
+        thread::sleep(Duration::from_millis(50));
+    }
+    for k in &victim_keys {
+        assert_eq!(c.set(k, b"v"), "STORED\r\n");
+    }
+}
+
+/// With auto_eject_hosts, a dead server's keys move to the others until it
+/// is retried, and come back after it returns.
+#[test]
+fn auto_eject_reroutes_then_restores() {
+    let mut mc = memcacheds(3);
+    let extra = "  auto_eject_hosts: true\n  server_failure_limit: 1\n  server_retry_timeout: 300\n  timeout: 500\n";
+    let proxy = Proxy::start(&support::config(extra, &refs(&mc)));
+    let mut c = proxy.client();
+    let victim = mc[0].port;
+    let key = (0..1000).map(|i| format!("ej:{i}")).find(|k| owner_port(&proxy, k) == victim).unwrap();
+    mc[0].kill();
+    // The first request fails (that is the failure that ejects it) ...
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if c.set(&key, b"v") == "STORED\r\n" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the key was never rerouted");
+        thread::sleep(Duration::from_millis(20));
+    }
+    // ... then it is stored elsewhere.
+    assert_ne!(owner_port(&proxy, &key), victim);
+    let (_, pools) = proxy.admin("GET", "/pools", "");
+    assert!(pools.contains("ejected"), "{pools}");
+    mc[0].restart();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while owner_port(&proxy, &key) != victim {
+        assert!(Instant::now() < deadline, "the server was not restored");
+        let _ = c.set(&key, b"v");
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(c.set(&key, b"home"), "STORED\r\n");
+    assert!(mc[0].holds(&key));
+}
+
+/// Servers added, re-weighted and removed through the admin endpoint while
+/// clients keep working: no request fails, and only moved keys miss.
+#[test]
+fn membership_changes_under_load_fail_nothing() {
+    let mc = memcacheds(4);
+    let proxy = Proxy::start(&support::config("  distribution: ring\n  hash: xxh3\n", &refs(&mc[..3])));
+    let stop = Arc::new(AtomicBool::new(false));
+    let errors = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..8)
+        .map(|w| {
+            let (addr, stop, errors, done) = (proxy.addr, stop.clone(), errors.clone(), done.clone());
+            thread::spawn(move || {
+                let mut c = Client::connect(addr);
+                let mut i = 0u64;
+                while !stop.load(Relaxed) && i < 200_000 {
+                    let k = format!("load:{w}:{}", i % 500);
+                    let mut batch = format!("set {k} 0 0 {}\r\n{k}\r\nget {k}\r\n", k.len()).into_bytes();
+                    batch.extend_from_slice(b"version\r\n");
+                    c.send(&batch);
+                    if c.line() != "STORED\r\n" {
+                        errors.fetch_add(1, Relaxed);
+                    }
+                    let v = c.read_get_reply();
+                    if v.len() != 1 || v[0].2 != k.as_bytes() {
+                        errors.fetch_add(1, Relaxed);
+                    }
+                    let _ = c.line();
+                    done.fetch_add(1, Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(300));
+    let (status, body) = proxy.admin("POST", "/pools/alpha/servers", &format!("{}:1", mc[3].id()));
+    assert_eq!(status, 200, "{body}");
+    let added: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let moved = added["moved_fraction"].as_f64().unwrap();
+    assert!(moved > 0.1 && moved < 0.4, "adding 1 of 4 equal servers moves about a quarter: {moved}");
+    thread::sleep(Duration::from_millis(300));
+    let (status, body) = proxy.admin("PUT", &format!("/pools/alpha/servers/{}/weight", mc[0].id()), "3");
+    assert_eq!(status, 200, "{body}");
+    thread::sleep(Duration::from_millis(300));
+    let (status, body) = proxy.admin("DELETE", &format!("/pools/alpha/servers/{}", mc[1].id()), "");
+    assert_eq!(status, 200, "{body}");
+    thread::sleep(Duration::from_millis(300));
+    let (status, _) = proxy.admin("DELETE", "/pools/alpha/servers/127.0.0.1:1", "");
+    assert_eq!(status, 400);
+    stop.store(true, Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert!(done.load(Relaxed) > 1000, "{}", done.load(Relaxed));
+    assert_eq!(errors.load(Relaxed), 0, "requests failed during membership changes");
+}
+
+/// Malformed input gets an error or a clean close, and the proxy keeps
+/// serving this and other clients.
+#[test]
+fn bad_input_never_stops_the_proxy() {
+    let mc = memcacheds(2);
+    let proxy = Proxy::start(&support::config("", &refs(&mc)));
+    let corpus: &[(&[u8], &str)] = &[
+        (b"bogus command\r\n", "ERROR\r\n"),
+        (b"\r\n", "ERROR\r\n"),
+        (b"set k 0 0 notanumber\r\n", "CLIENT_ERROR bad command line format\r\n"),
+        (b"set k 0 0 -5\r\n", "CLIENT_ERROR bad command line format\r\n"),
+        // memcached consumes the declared block plus two bytes ("abcde"); "f" is a new command.
+        (b"set k 0 0 3\r\nabcdef\r\n", "CLIENT_ERROR bad data chunk\r\nERROR\r\n"),
+        (b"get\r\n", "ERROR\r\n"),
+        (b"incr k notanumber\r\n", "CLIENT_ERROR invalid numeric delta argument\r\n"),
+        (b"get k\x01ey\r\n", "CLIENT_ERROR bad command line format\r\n"),
+        (b"\x00\x01\x02\xff\xfe\r\n", "ERROR\r\n"),
+        (b"set k 0 0 4294967296\r\n", "CLIENT_ERROR bad command line format\r\n"),
+        (b"set k 0 0 2000000\r\n", "SERVER_ERROR object too large for cache\r\n"),
+    ];
+    let mut c = proxy.client();
+    for (input, want) in corpus {
+        c.send(input);
+        let got: String = (0..want.matches("\r\n").count()).map(|_| c.line()).collect();
+        assert_eq!(&got, want, "{:?}", String::from_utf8_lossy(input));
+        // Whatever followed the bad request is discarded; the connection still works.
+        assert_eq!(c.set("alive", b"yes"), "STORED\r\n", "after {:?}", String::from_utf8_lossy(input));
+    }
+    let long_key = "k".repeat(251);
+    assert_eq!(c.cmd(&format!("set {long_key} 0 0 1\r\nx\r\n")), "CLIENT_ERROR bad command line format\r\n");
+    assert_eq!(c.cmd(&format!("get {long_key}\r\n")), "CLIENT_ERROR bad command line format\r\n");
+    // A value over the limit is refused without being buffered; its bytes are skipped.
+    let big = vec![b'v'; 2 * 1024 * 1024];
+    let mut req = format!("set big 0 0 {}\r\n", big.len()).into_bytes();
+    req.extend_from_slice(&big);
+    req.extend_from_slice(b"\r\n");
+    c.send(&req);
+    assert_eq!(c.line(), "SERVER_ERROR object too large for cache\r\n");
+    assert_eq!(c.get("alive").unwrap(), b"yes");
+    // A slow writer: one byte at a time.
+    let mut slow = proxy.client();
+    for b in b"set slow 0 0 2\r\nok\r\n" {
+        slow.send(&[*b]);
+        thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(slow.line(), "STORED\r\n");
+    // An endless line without a newline is cut off and the connection closed.
+    let mut junk = TcpStream::connect(proxy.addr).unwrap();
+    junk.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let _ = junk.write_all(&vec![b'x'; 70 * 1024]);
+    let mut out = Vec::new();
+    let _ = junk.read_to_end(&mut out);
+    assert!(
+        String::from_utf8_lossy(&out).starts_with("CLIENT_ERROR line too long"),
+        "{:?}",
+        String::from_utf8_lossy(&out)
+    );
+    // Random binary junk on many connections, then a normal client.
+    let mut seed = 0x1234_5678_9abc_def0u64;
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(proxy.addr).unwrap();
+        let junk: Vec<u8> = (0..4096)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect();
+        let _ = s.write_all(&junk);
+    }
+    let mut fresh = proxy.client();
+    assert_eq!(fresh.get("alive").unwrap(), b"yes");
+}
+
+#[test]
+fn admin_stats_and_metrics() {
+    let mc = memcacheds(2);
+    let proxy = Proxy::start(&support::config("", &refs(&mc)));
+    let mut c = proxy.client();
+    for i in 0..20 {
+        assert_eq!(c.set(&format!("s{i}"), b"v"), "STORED\r\n");
+    }
+    let (status, body) = proxy.admin("GET", "/stats", "");
+    assert_eq!(status, 200);
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let pool = &stats["pools"][0];
+    assert_eq!(pool["name"], "alpha");
+    let sent: u64 = pool["servers"].as_array().unwrap().iter().map(|s| s["requests"].as_u64().unwrap()).sum();
+    assert_eq!(sent, 20);
+    assert!(pool["servers"][0]["latency_us"]["p99"].as_u64().is_some());
+    let (status, metrics) = proxy.admin("GET", "/metrics", "");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("# TYPE chash_server_requests_total counter"));
+    assert!(metrics.contains("chash_pool_requests_total{pool=\"alpha\"} 20"), "{metrics}");
+    assert!(metrics.contains("chash_server_latency_seconds_bucket"));
+    let (status, _) = proxy.admin("GET", "/nothing", "");
+    assert_eq!(status, 404);
+    let (status, body) = proxy.admin("POST", "/pools/alpha/servers", "not a server line");
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = proxy.admin("PUT", &format!("/pools/alpha/servers/{}/weight", mc[0].id()), "0");
+    assert_eq!(status, 400, "{body}");
+}
+
+/// A config reload changes servers live and reports what moved.
+#[test]
+fn reload_applies_new_servers() {
+    let mc = memcacheds(3);
+    let dir = std::env::temp_dir().join(format!("chash-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("proxy.yml");
+    let yml = support::config("  distribution: ring\n", &refs(&mc[..2]));
+    std::fs::write(&path, &yml).unwrap();
+    let proxy = Proxy::start_with(&yml, chash_proxy::ProxyOptions::default(), Some(path.clone()));
+    let mut c = proxy.client();
+    assert_eq!(c.set("r1", b"v"), "STORED\r\n");
+    let grown = yml.replace("  servers:\n", &format!("  servers:\n   - {}:1\n", mc[2].id()));
+    std::fs::write(&path, &grown).unwrap();
+    let (status, body) = proxy.admin("POST", "/reload", "");
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let moved = v["reloaded"][0]["moved_fraction"].as_f64().unwrap();
+    assert!(moved > 0.1 && moved < 0.6, "{body}");
+    assert_eq!(proxy.handle.pools()[0].state().members.len(), 3);
+    std::fs::write(&path, "alpha: [broken").unwrap();
+    let (status, _) = proxy.admin("POST", "/reload", "");
+    assert_eq!(status, 400);
+    assert_eq!(proxy.handle.pools()[0].state().members.len(), 3, "a bad file changes nothing");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _: HashMap<(), ()> = HashMap::new();
+}

@@ -1,0 +1,262 @@
+//! Test support: real memcached (and nutcracker) processes on loopback
+//! ports, the proxy in its own runtime, and a small blocking client.
+//! Every process started here is killed when its handle drops.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn which(program: &str) -> Option<String> {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/sbin", "/usr/bin", "/sbin"]) {
+        let p = format!("{dir}/{program}");
+        if std::path::Path::new(&p).exists() {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// The path of a program the tests need; scripts/test installs them.
+pub fn require(program: &str, package: &str) -> String {
+    which(program).unwrap_or_else(|| {
+        panic!("{program} is not installed: run scripts/test as root (it installs the Debian package {package}), or apt-get install {package}")
+    })
+}
+
+/// Waits until something accepts on `port` (at most 5 s).
+pub fn wait_listening(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    panic!("nothing listens on 127.0.0.1:{port} after 5 s");
+}
+
+/// A memcached process on a loopback port.
+pub struct Memcached {
+    pub port: u16,
+    child: Option<Child>,
+}
+
+impl Memcached {
+    pub fn start() -> Memcached {
+        Memcached::start_on(free_port())
+    }
+
+    pub fn start_on(port: u16) -> Memcached {
+        let bin = require("memcached", "memcached");
+        let child = Command::new(bin)
+            .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "32", "-u", "root", "-t", "1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("memcached starts");
+        wait_listening(port);
+        Memcached { port, child: Some(child) }
+    }
+
+    pub fn id(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the process (as a crash would).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port.
+    pub fn restart(&mut self) {
+        self.kill();
+        *self = Memcached::start_on(self.port);
+    }
+
+    /// Keys this server holds, of `keys`.
+    pub fn holds(&self, key: &str) -> bool {
+        let mut c = Client::connect(SocketAddr::from(([127, 0, 0, 1], self.port)));
+        c.send(format!("get {key}\r\n").as_bytes());
+        let reply = c.read_get_reply();
+        !reply.is_empty()
+    }
+}
+
+impl Drop for Memcached {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Four memcached servers.
+pub fn memcacheds(n: usize) -> Vec<Memcached> {
+    (0..n).map(|_| Memcached::start()).collect()
+}
+
+/// A twemproxy-shaped config for the servers, listening on a free port.
+pub fn config(pool_extra: &str, servers: &[&Memcached]) -> String {
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:{}\n{pool_extra}  servers:\n", free_port());
+    for (i, s) in servers.iter().enumerate() {
+        yml.push_str(&format!("   - {}:{}\n", s.id(), 1 + i % 2));
+    }
+    yml
+}
+
+/// The proxy running in its own runtime on a background thread.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<thread::JoinHandle<()>>,
+    pub handle: std::sync::Arc<chash_proxy::Proxy>,
+}
+
+impl Proxy {
+    pub fn start(yaml: &str) -> Proxy {
+        Proxy::start_with(yaml, chash_proxy::ProxyOptions::default(), None)
+    }
+
+    pub fn start_with(yaml: &str, mut options: chash_proxy::ProxyOptions, path: Option<std::path::PathBuf>) -> Proxy {
+        let config = chash::config::Config::from_yaml(yaml).unwrap();
+        let pools: Vec<_> = config
+            .pools
+            .iter()
+            .map(|(n, _)| chash_proxy::proxy::PoolSpec {
+                config: config.pool(Some(n)).unwrap(),
+                addresses: Default::default(),
+            })
+            .collect();
+        options.admin_addr = Some("127.0.0.1:0".parse().unwrap());
+        options.config_path = path;
+        let (tx, rx) = mpsc::channel();
+        let (stop_tx, stop_rx) = mpsc::channel::<()>();
+        let thread = thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            rt.block_on(async move {
+                let running = chash_proxy::start(pools, options).await.expect("proxy starts");
+                tx.send((running.listeners[0].1, running.admin.unwrap(), running.proxy.clone())).unwrap();
+                tokio::task::spawn_blocking(move || {
+                    let _ = stop_rx.recv();
+                })
+                .await
+                .unwrap();
+                running.shutdown().await;
+            });
+        });
+        let (addr, admin, handle) = rx.recv_timeout(Duration::from_secs(10)).expect("proxy started");
+        Proxy { addr, admin, stop: Some(stop_tx), thread: Some(thread), handle }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(self.addr)
+    }
+
+    /// An admin HTTP request; returns (status, body).
+    pub fn admin(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        http(self.admin, method, path, body)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`.
+pub fn http(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// A blocking memcached ASCII client with a 10 s read timeout.
+pub struct Client {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.set_nodelay(true).unwrap();
+        Client { r: BufReader::new(s.try_clone().unwrap()), w: s }
+    }
+
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.w.write_all(bytes).unwrap();
+    }
+
+    /// One reply line, with its CRLF.
+    pub fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.r.read_line(&mut l).unwrap();
+        l
+    }
+
+    /// Sends a command and returns its one-line reply.
+    pub fn cmd(&mut self, command: &str) -> String {
+        self.send(command.as_bytes());
+        self.line()
+    }
+
+    /// Reads `VALUE` blocks up to `END`: `(key, flags, data, cas)`; an error
+    /// line panics.
+    pub fn read_get_reply(&mut self) -> Vec<(String, u32, Vec<u8>, Option<u64>)> {
+        let mut out = Vec::new();
+        loop {
+            let line = self.line();
+            if line == "END\r\n" {
+                return out;
+            }
+            let w: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(w.first(), Some(&"VALUE"), "unexpected line {line:?}");
+            let len: usize = w[3].parse().unwrap();
+            let mut data = vec![0u8; len + 2];
+            self.r.read_exact(&mut data).unwrap();
+            data.truncate(len);
+            out.push((w[1].to_owned(), w[2].parse().unwrap(), data, w.get(4).map(|c| c.parse().unwrap())));
+        }
+    }
+
+    pub fn set(&mut self, key: &str, value: &[u8]) -> String {
+        let mut req = format!("set {key} 0 0 {}\r\n", value.len()).into_bytes();
+        req.extend_from_slice(value);
+        req.extend_from_slice(b"\r\n");
+        self.send(&req);
+        self.line()
+    }
+
+    pub fn into_stream(self) -> TcpStream {
+        self.w
+    }
+
+    pub fn get(&mut self, key: &str) -> Option<Vec<u8>> {
+        self.send(format!("get {key}\r\n").as_bytes());
+        self.read_get_reply().pop().map(|v| v.2)
+    }
+}
