@@ -24,8 +24,9 @@ const NODE_SEED: u64 = 0x7265_6e64_657a_766f; // "rendezvo"
 /// weight is equal the score is monotone in the draw, so lookups compare
 /// draws and skip the logarithm (same result).
 ///
-/// Each lookup costs O(n): one mix per node, plus one logarithm per node when
-/// weights differ. Balance is at the sampling floor; adding, removing or
+/// Each lookup costs O(n): one mix per node; when weights differ, a cheap
+/// upper bound on the score (`weight / (1 − u)`) rules out most nodes, and
+/// only the others need a logarithm. Balance is at the sampling floor; adding, removing or
 /// re-weighting a node moves only keys to or from it. Memory: 8 bytes per
 /// node beside the node list.
 ///
@@ -67,11 +68,16 @@ impl Standing {
     }
 }
 
+/// A draw as a number in (0, 1): `((draw >> 11) + 0.5) / 2^53`.
+#[inline]
+fn unit(draw: u64) -> f64 {
+    ((draw >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64)
+}
+
 /// The logarithmic-method score of a draw for a node of `weight`.
 #[inline]
 fn score(draw: u64, weight: u32) -> f64 {
-    let u = ((draw >> 11) as f64 + 0.5) * (1.0 / (1u64 << 53) as f64);
-    -f64::from(weight) / u.ln()
+    -f64::from(weight) / unit(draw).ln()
 }
 
 impl Rendezvous<()> {
@@ -110,6 +116,17 @@ impl<T> Rendezvous<T> {
     fn best_below(&self, key: u64, bound: Option<&Standing>) -> Option<(usize, Standing)> {
         let mut best: Option<(usize, Standing)> = None;
         for i in 0..self.nodes.len() {
+            if !self.uniform {
+                if let Some((_, b)) = &best {
+                    // -ln(u) >= 1 - u, so w / (1 - u) bounds the score from
+                    // above: most nodes lose without a logarithm. The margin
+                    // covers rounding; a node skipped is strictly worse.
+                    let draw = mix2(key, self.seeds[i]);
+                    if f64::from(self.nodes[i].weight()) / (1.0 - unit(draw)) * (1.0 + 1e-9) < b.score {
+                        continue;
+                    }
+                }
+            }
             let s = self.standing(key, i);
             if bound.is_some_and(|b| s.cmp(b) != Ordering::Less) {
                 continue;
