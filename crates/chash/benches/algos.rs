@@ -9,9 +9,11 @@
 //! - `algo_from_u64/N`: node from a precomputed 64-bit hash. Peers that take
 //!   a generic `Hash` key get the u64 through an identity `Hasher` where the
 //!   crate allows one without breaking its placement (jumphash, anchorhash,
-//!   hash-rings' jump); maglev's hasher folds the u64 with a multiply (an
-//!   identity would collapse its node permutations, which it hashes with the
-//!   same hasher); hash-rings' maglev and mpc and mpchash hash the u64 with
+//!   hash-rings' jump); maglev's and hash-rings' rendezvous hashers fold the
+//!   u64 with a multiply (an identity would collapse maglev's node
+//!   permutations, and give every rendezvous node the same score, since they
+//!   hash node ids with the same hasher); hash-rings' maglev and mpc and
+//!   mpchash hash the u64 with
 //!   their own fixed hashers (SipHash, SipHash, xxh3), so their figures
 //!   include that hash.
 //! - `algo_with_hash/N`: from key bytes, each crate with its own key hash
@@ -191,7 +193,9 @@ fn from_u64(c: &mut Criterion) {
 
         let rv = Rendezvous::new(nodes(n)).unwrap();
         bench(&mut g, "chash/rendezvous", &hashes, |h| rv.locate_hash(h));
-        let mut hr_rv = hash_rings::rendezvous::Ring::with_hasher(IdentityBuild);
+        // hash-rings combines (node, key) hashes with its hasher: an identity
+        // hasher would give every node the same score, so it gets FoldBuild.
+        let mut hr_rv = hash_rings::rendezvous::Ring::with_hasher(FoldBuild);
         for id in &ids {
             hr_rv.insert_node(id, 1);
         }
@@ -200,7 +204,7 @@ fn from_u64(c: &mut Criterion) {
         let mut weighted = Rendezvous::new(nodes(n)).unwrap();
         weighted = weighted.with_weight("node-0", 2).unwrap();
         bench(&mut g, "chash/rendezvous_weighted", &hashes, |h| weighted.locate_hash(h));
-        let mut hr_wrv = hash_rings::weighted_rendezvous::Ring::with_hasher(IdentityBuild);
+        let mut hr_wrv = hash_rings::weighted_rendezvous::Ring::with_hasher(FoldBuild);
         for id in &ids {
             hr_wrv.insert_node(id, if *id == 0 { 2.0 } else { 1.0 });
         }
