@@ -398,14 +398,14 @@ impl Pool {
         };
         let placement = match self.distribution {
             Distribution::Ring => AnyPlacement::Ring(ring(nodes)?),
-            Distribution::Bounded => AnyPlacement::Bounded(Bounded::new(ring(nodes)?, self.balance_factor)?),
+            Distribution::Bounded => AnyPlacement::Bounded(Box::new(Bounded::new(ring(nodes)?, self.balance_factor)?)),
             Distribution::Jump => AnyPlacement::Jump(Jump::with_hasher(nodes, self.hash)?),
             Distribution::Rendezvous => AnyPlacement::Rendezvous(Rendezvous::with_hasher(nodes, self.hash)?),
             Distribution::Maglev => AnyPlacement::Maglev(
                 Maglev::builder().hasher(self.hash).table_size(self.maglev_table_size).build(nodes)?,
             ),
             Distribution::Anchor => {
-                AnyPlacement::Anchor(Anchor::with_capacity(nodes, self.hash, self.anchor_capacity)?)
+                AnyPlacement::Anchor(Box::new(Anchor::with_capacity(nodes, self.hash, self.anchor_capacity)?))
             }
             Distribution::Multiprobe => {
                 AnyPlacement::MultiProbe(MultiProbe::with_probes(nodes, self.hash, self.probes)?)
@@ -444,12 +444,12 @@ pub enum AnyPlacement {
     Rendezvous(Rendezvous),
     /// Maglev.
     Maglev(Maglev),
-    /// AnchorHash.
-    Anchor(Anchor),
+    /// AnchorHash (boxed: it is the largest).
+    Anchor(Box<Anchor>),
     /// Multi-probe consistent hashing.
     MultiProbe(MultiProbe),
-    /// Bounded loads over the native ring, with its load tracker.
-    Bounded(Bounded),
+    /// Bounded loads over the native ring, with its load tracker (boxed).
+    Bounded(Box<Bounded>),
 }
 
 /// Calls `$body` with `$p` bound to the concrete placement.
