@@ -30,8 +30,8 @@ use std::hash::{BuildHasher, Hasher};
 use std::hint::black_box;
 use std::time::Duration;
 
-use chash::algo::{next_prime, Anchor, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY};
-use chash::{KeyHasher, Node, Placement};
+use chash::algo::{next_prime, Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY};
+use chash::{KeyHasher, Node, Placement, Ring};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode};
 
 const SIZES: [usize; 3] = [10, 100, 1000];
@@ -190,6 +190,19 @@ fn from_u64(c: &mut Criterion) {
         }
         bench(&mut g, "hash-rings/mpc", &hashes, |h| *hr_mpc.get_node(&h));
         drop(hr_mpc);
+
+        // Bounded loads: one acquisition and its release per lookup, the
+        // proxy's pattern for a request.
+        let bounded = Bounded::new(Ring::new(nodes(n)).unwrap(), 1.25).unwrap();
+        bench(&mut g, "chash/bounded_acquire_release", &hashes, |h| {
+            let i = bounded.acquire_hash(h);
+            if let Some(i) = i {
+                bounded.release(i);
+            }
+            i
+        });
+        let ring = Ring::new(nodes(n)).unwrap();
+        bench(&mut g, "chash/ring", &hashes, |h| ring.locate_hash(h));
 
         let rv = Rendezvous::new(nodes(n)).unwrap();
         bench(&mut g, "chash/rendezvous", &hashes, |h| rv.locate_hash(h));

@@ -565,3 +565,20 @@ const GOLDEN: [[usize; 8]; 5] = [
     [3, 4, 5, 5, 3, 2, 2, 5],
     [1, 1, 5, 2, 5, 3, 2, 2],
 ];
+
+#[test]
+fn types_are_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<Jump>();
+    check::<Rendezvous<std::sync::Arc<String>>>();
+    check::<Maglev>();
+    check::<Anchor>();
+    check::<MultiProbe>();
+    check::<Bounded>();
+    check::<chash::algo::JumpCandidates>();
+    check::<chash::algo::RendezvousCandidates<'static, ()>>();
+    check::<chash::algo::MaglevCandidates<'static>>();
+    check::<chash::algo::AnchorCandidates<'static, ()>>();
+    check::<chash::algo::MultiProbeCandidates<'static>>();
+    check::<chash::config::AnyPlacement>();
+}

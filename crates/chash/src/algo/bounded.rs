@@ -134,18 +134,14 @@ impl<T> Bounded<T> {
     {
         let owner = self.ring.locate_hash(hash)?;
         let total = self.total.load(Ordering::Acquire);
-        for i in self.ring.candidates_hash(hash) {
-            let cap = self.cap(i, total);
-            let load = &self.loads[i];
-            let mut cur = load.load(Ordering::Relaxed);
-            while cur < cap {
-                match load.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
-                    Ok(_) => {
-                        self.total.fetch_add(1, Ordering::AcqRel);
-                        return Some(i);
-                    }
-                    Err(now) => cur = now,
-                }
+        // The owner first: the common case, and no candidate iterator (which
+        // allocates a bit set past 1,024 nodes).
+        if self.try_take(owner, total) {
+            return Some(owner);
+        }
+        for i in self.ring.candidates_hash(hash).skip(1) {
+            if self.try_take(i, total) {
+                return Some(i);
             }
         }
         // Every node at its cap: only when other threads raced past the
@@ -153,6 +149,27 @@ impl<T> Bounded<T> {
         self.loads[owner].fetch_add(1, Ordering::AcqRel);
         self.total.fetch_add(1, Ordering::AcqRel);
         Some(owner)
+    }
+
+    /// Takes one unit on node `i` if it is under its cap for `total`.
+    #[inline]
+    fn try_take(&self, i: usize, total: u64) -> bool
+    where
+        T: Send + Sync,
+    {
+        let cap = self.cap(i, total);
+        let load = &self.loads[i];
+        let mut cur = load.load(Ordering::Relaxed);
+        while cur < cap {
+            match load.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
+                Ok(_) => {
+                    self.total.fetch_add(1, Ordering::AcqRel);
+                    return true;
+                }
+                Err(now) => cur = now,
+            }
+        }
+        false
     }
 
     /// As [`acquire`](Bounded::acquire), with a guard that releases the load
