@@ -471,6 +471,106 @@ macro_rules! with_placement {
 }
 
 impl AnyPlacement {
+    /// The placement with `node` added, by the algorithm's own change:
+    /// merged into the ring, appended for jump, the top free bucket for
+    /// anchor, a rebuild for maglev and the compatibility placements (as the
+    /// original programs do). The load tracker of `bounded` keeps the loads
+    /// of the nodes that stay.
+    ///
+    /// # Errors
+    /// As the algorithm's `with_node` (duplicate id, weights it refuses, a
+    /// full anchor or a maglev table now too small).
+    pub fn with_node(&self, node: Node) -> Result<AnyPlacement> {
+        let hasher = self.hasher();
+        let nodes = || self.nodes().to_vec();
+        Ok(match self {
+            AnyPlacement::Ring(p) => AnyPlacement::Ring(p.with_node(node)?),
+            AnyPlacement::Ketama(_) => AnyPlacement::Ketama(Ketama::new(push(nodes(), node)?, hasher)?),
+            AnyPlacement::Modula(_) => AnyPlacement::Modula(Modula::new(push(nodes(), node)?, hasher)?),
+            AnyPlacement::Nginx(_) => AnyPlacement::Nginx(NginxChash::new(push(nodes(), node)?)?),
+            AnyPlacement::Jump(p) => AnyPlacement::Jump(p.with_node(node)?),
+            AnyPlacement::Rendezvous(p) => AnyPlacement::Rendezvous(p.with_node(node)?),
+            AnyPlacement::Maglev(p) => AnyPlacement::Maglev(p.with_node(node)?),
+            AnyPlacement::Anchor(p) => AnyPlacement::Anchor(Box::new(p.with_node(node)?)),
+            AnyPlacement::MultiProbe(p) => AnyPlacement::MultiProbe(p.with_node(node)?),
+            AnyPlacement::Bounded(p) => AnyPlacement::Bounded(Box::new(p.with_node(node)?)),
+        })
+    }
+
+    /// The placement without node `id`, by the algorithm's own change (see
+    /// [`with_node`](AnyPlacement::with_node)). For anchor this is what keeps
+    /// movement optimal: a fresh build of the shorter server list renumbers
+    /// the buckets after the removed one.
+    ///
+    /// # Errors
+    /// [`Error::UnknownNode`]; for jump, any node but the last.
+    pub fn without_node(&self, id: &str) -> Result<AnyPlacement> {
+        let hasher = self.hasher();
+        let rest = || -> Result<Vec<Node>> {
+            let at = self.nodes().iter().position(|n| n.id() == id).ok_or_else(|| Error::UnknownNode(id.to_owned()))?;
+            let mut nodes = self.nodes().to_vec();
+            nodes.remove(at);
+            Ok(nodes)
+        };
+        Ok(match self {
+            AnyPlacement::Ring(p) => AnyPlacement::Ring(p.without_node(id)?),
+            AnyPlacement::Ketama(_) => AnyPlacement::Ketama(Ketama::new(rest()?, hasher)?),
+            AnyPlacement::Modula(_) => AnyPlacement::Modula(Modula::new(rest()?, hasher)?),
+            AnyPlacement::Nginx(_) => AnyPlacement::Nginx(NginxChash::new(rest()?)?),
+            AnyPlacement::Jump(p) => AnyPlacement::Jump(p.without_node(id)?),
+            AnyPlacement::Rendezvous(p) => AnyPlacement::Rendezvous(p.without_node(id)?),
+            AnyPlacement::Maglev(p) => AnyPlacement::Maglev(p.without_node(id)?),
+            AnyPlacement::Anchor(p) => AnyPlacement::Anchor(Box::new(p.without_node(id)?)),
+            AnyPlacement::MultiProbe(p) => AnyPlacement::MultiProbe(p.without_node(id)?),
+            AnyPlacement::Bounded(p) => AnyPlacement::Bounded(Box::new(p.without_node(id)?)),
+        })
+    }
+
+    /// The placement where node `id` has `weight`.
+    ///
+    /// # Errors
+    /// [`Error::UnknownNode`], [`Error::ZeroWeight`];
+    /// [`Error::WeightsUnsupported`] for jump, anchor and multiprobe (unless
+    /// `weight` is 1, which changes nothing).
+    pub fn with_weight(&self, id: &str, weight: u32) -> Result<AnyPlacement> {
+        let hasher = self.hasher();
+        let reweighted = || -> Result<Vec<Node>> {
+            let at = self.nodes().iter().position(|n| n.id() == id).ok_or_else(|| Error::UnknownNode(id.to_owned()))?;
+            let mut nodes = self.nodes().to_vec();
+            nodes[at] = nodes[at].reweighted(weight)?;
+            Ok(nodes)
+        };
+        let unweighted = |distribution: &'static str| -> Result<()> {
+            reweighted()?;
+            if weight == 1 {
+                Ok(())
+            } else {
+                Err(Error::WeightsUnsupported { distribution, node: id.to_owned(), weight })
+            }
+        };
+        Ok(match self {
+            AnyPlacement::Ring(p) => AnyPlacement::Ring(p.with_weight(id, weight)?),
+            AnyPlacement::Ketama(_) => AnyPlacement::Ketama(Ketama::new(reweighted()?, hasher)?),
+            AnyPlacement::Modula(_) => AnyPlacement::Modula(Modula::new(reweighted()?, hasher)?),
+            AnyPlacement::Nginx(_) => AnyPlacement::Nginx(NginxChash::new(reweighted()?)?),
+            AnyPlacement::Rendezvous(p) => AnyPlacement::Rendezvous(p.with_weight(id, weight)?),
+            AnyPlacement::Maglev(p) => AnyPlacement::Maglev(p.with_weight(id, weight)?),
+            AnyPlacement::Bounded(p) => AnyPlacement::Bounded(Box::new(p.with_weight(id, weight)?)),
+            AnyPlacement::Jump(_) => {
+                unweighted("jump")?;
+                self.clone()
+            }
+            AnyPlacement::Anchor(_) => {
+                unweighted("anchor")?;
+                self.clone()
+            }
+            AnyPlacement::MultiProbe(_) => {
+                unweighted("multiprobe")?;
+                self.clone()
+            }
+        })
+    }
+
     /// The nodes, in server-line order.
     pub fn nodes(&self) -> &[Node] {
         with_placement!(self, p => p.nodes())
@@ -535,7 +635,53 @@ pub struct Snapshot {
     placement: AnyPlacement,
 }
 
+/// `nodes` with `node` appended, unless its id is taken.
+fn push(mut nodes: Vec<Node>, node: Node) -> Result<Vec<Node>> {
+    if nodes.iter().any(|n| n.id() == node.id()) {
+        return Err(Error::DuplicateNode(node.id().to_owned()));
+    }
+    nodes.push(node);
+    Ok(nodes)
+}
+
 impl Snapshot {
+    /// A new snapshot with `node` added (same key rules); see
+    /// [`AnyPlacement::with_node`].
+    ///
+    /// # Errors
+    /// As [`AnyPlacement::with_node`].
+    pub fn with_node(&self, node: Node) -> Result<Snapshot> {
+        Ok(Snapshot {
+            hash_tag: self.hash_tag,
+            twemproxy_rules: self.twemproxy_rules,
+            placement: self.placement.with_node(node)?,
+        })
+    }
+
+    /// A new snapshot without node `id`; see [`AnyPlacement::without_node`].
+    ///
+    /// # Errors
+    /// As [`AnyPlacement::without_node`].
+    pub fn without_node(&self, id: &str) -> Result<Snapshot> {
+        Ok(Snapshot {
+            hash_tag: self.hash_tag,
+            twemproxy_rules: self.twemproxy_rules,
+            placement: self.placement.without_node(id)?,
+        })
+    }
+
+    /// A new snapshot where node `id` has `weight`; see [`AnyPlacement::with_weight`].
+    ///
+    /// # Errors
+    /// As [`AnyPlacement::with_weight`].
+    pub fn with_weight(&self, id: &str, weight: u32) -> Result<Snapshot> {
+        Ok(Snapshot {
+            hash_tag: self.hash_tag,
+            twemproxy_rules: self.twemproxy_rules,
+            placement: self.placement.with_weight(id, weight)?,
+        })
+    }
+
     /// The placement.
     pub fn placement(&self) -> &AnyPlacement {
         &self.placement
@@ -606,6 +752,38 @@ beta:
   servers:
    - cache-a:1
 "#;
+
+    #[test]
+    fn snapshots_change_by_each_algorithms_own_rules() {
+        let servers: Vec<ServerLine> = ["a:1", "b:1", "c:1", "d:1"].iter().map(|s| s.parse().unwrap()).collect();
+        let keys: Vec<String> = (0..3000).map(|i| format!("k{i}")).collect();
+        for d in DISTRIBUTIONS.iter().filter(|d| **d != "random") {
+            let mut pool = Pool::from_servers(servers.clone());
+            pool.distribution = d.parse().unwrap();
+            pool.hash = if *d == "nginx" { KeyHasher::Crc32a } else { KeyHasher::Fnv1a64 };
+            let s = pool.snapshot().unwrap();
+            let grown = s.with_node(Node::new("e", 1).unwrap()).unwrap();
+            assert_eq!(grown.nodes().len(), 5, "{d}");
+            assert_eq!(s.with_node(Node::new("a", 1).unwrap()).unwrap_err(), Error::DuplicateNode("a".into()));
+            let gone = if *d == "jump" { "d" } else { "b" };
+            let smaller = s.without_node(gone).unwrap();
+            assert_eq!(smaller.without_node("zz").unwrap_err(), Error::UnknownNode("zz".into()));
+            if matches!(*d, "ring" | "jump" | "rendezvous" | "anchor" | "multiprobe" | "nginx") {
+                // Optimal movement: only the removed node's keys move.
+                for k in &keys {
+                    let (before, after) = (s.route(k.as_bytes()).unwrap(), smaller.route(k.as_bytes()).unwrap());
+                    assert!(before == after || before == gone, "{d}: {k} {before} -> {after}");
+                }
+            }
+            let reweighted = s.with_weight("a", 2);
+            if matches!(*d, "jump" | "anchor" | "multiprobe") {
+                assert!(matches!(reweighted, Err(Error::WeightsUnsupported { .. })), "{d}");
+                assert!(s.with_weight("a", 1).is_ok());
+            } else {
+                assert_eq!(reweighted.unwrap().nodes()[0].weight(), 2, "{d}");
+            }
+        }
+    }
 
     #[test]
     fn whole_twemproxy_schema_parses() {
