@@ -94,7 +94,7 @@ impl<T> Rendezvous<T> {
     /// Rendezvous over `nodes` with key hash `hasher`.
     ///
     /// # Errors
-    /// [`Error::DuplicateNode`].
+    /// [`Error::DuplicateNode`](crate::Error::DuplicateNode).
     pub fn with_hasher(nodes: Vec<Node<T>>, hasher: KeyHasher) -> Result<Rendezvous<T>> {
         check_unique(&nodes)?;
         let seeds = nodes.iter().map(|n| id_hash(n.id(), NODE_SEED)).collect();
@@ -150,7 +150,7 @@ impl<T: Clone> Rendezvous<T> {
     /// A new placement with `node` added: only keys moving to it move.
     ///
     /// # Errors
-    /// [`Error::DuplicateNode`].
+    /// [`Error::DuplicateNode`](crate::Error::DuplicateNode).
     pub fn with_node(&self, node: Node<T>) -> Result<Rendezvous<T>> {
         let mut nodes = self.nodes.clone();
         nodes.push(node);
@@ -161,7 +161,7 @@ impl<T: Clone> Rendezvous<T> {
     /// move down one index.
     ///
     /// # Errors
-    /// [`Error::UnknownNode`].
+    /// [`Error::UnknownNode`](crate::Error::UnknownNode).
     pub fn without_node(&self, id: &str) -> Result<Rendezvous<T>> {
         let at = index_of(&self.nodes, id)?;
         let mut nodes = self.nodes.clone();
@@ -172,7 +172,7 @@ impl<T: Clone> Rendezvous<T> {
     /// A new placement where node `id` has `weight`: keys move only to or from it.
     ///
     /// # Errors
-    /// [`Error::UnknownNode`], [`Error::ZeroWeight`].
+    /// [`Error::UnknownNode`](crate::Error::UnknownNode), [`Error::ZeroWeight`](crate::Error::ZeroWeight).
     pub fn with_weight(&self, id: &str, weight: u32) -> Result<Rendezvous<T>> {
         let at = index_of(&self.nodes, id)?;
         let mut nodes = self.nodes.clone();
