@@ -62,9 +62,19 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "BYTES", default_value_t = chash_proxy::DEFAULT_MAX_VALUE)]
     max_value_size: usize,
 
+    /// Accept keys with control bytes, as memcached and twemproxy do
+    /// (protocol.txt forbids them, so they are refused by default; load
+    /// generators such as memcaslap send them).
+    #[arg(long)]
+    lenient_keys: bool,
+
     /// Close client connections idle this many seconds (0: never).
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     client_idle_timeout: u64,
+
+    /// Worker threads (default: one per core).
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
 
     /// Memory bound of each embedded shard, in MiB (embedded default only).
     #[arg(long, value_name = "MIB", default_value_t = 64)]
@@ -119,6 +129,7 @@ async fn serve(args: ProxyArgs) -> Result<()> {
         client_idle_timeout: (args.client_idle_timeout > 0).then(|| Duration::from_secs(args.client_idle_timeout)),
         config_path: args.config.clone(),
         drain: chash_proxy::DEFAULT_DRAIN,
+        lenient_keys: args.lenient_keys,
     };
     let (specs, embedded) = match &args.config {
         Some(path) => {

@@ -20,8 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
 use crate::backend::{BackendError, Server};
-use crate::memcache::request::valid_key;
-use crate::memcache::{parse_request, Parsed, Reply, ReplyKind, Request};
+use crate::memcache::{parse_request, values, Limits, Parsed, Reply, ReplyKind, Request, RetrievalCmd};
 use crate::pool::Pool;
 use crate::Shared;
 
@@ -62,6 +61,7 @@ where
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut discard = 0usize;
     let idle = shared.options.client_idle_timeout;
+    let limits = Limits { max_value: shared.options.max_value_size, lenient_keys: shared.options.lenient_keys };
     'conn: loop {
         let read = r.read_buf(&mut buf);
         let n = tokio::select! {
@@ -82,7 +82,7 @@ where
                     continue 'conn;
                 }
             }
-            match parse_request(&mut buf, shared.options.max_value_size) {
+            match parse_request(&mut buf, limits) {
                 Parsed::Incomplete => break,
                 Parsed::Refused { reply, skip, close } => {
                     pool.stats.errors.fetch_add(1, Relaxed);
@@ -219,6 +219,9 @@ async fn retrieval(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingRe
     let Request::Retrieval { cmd, exptime, keys } = req else { return ready(b"ERROR\r\n") };
     pool.stats.cmd_get.fetch_add(1, Relaxed);
     pool.stats.get_keys.fetch_add(keys.len() as u64, Relaxed);
+    if keys.len() == 1 {
+        return retrieval_one(pool, cmd, exptime, keys, affinity).await;
+    }
     // Group the distinct keys by server, in first-seen order.
     let state = pool.state();
     let mut groups: Vec<(Arc<Server>, Vec<Bytes>)> = Vec::new();
@@ -251,8 +254,8 @@ async fn retrieval(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingRe
         let mut failure: Option<Bytes> = None;
         for (server, rx, started) in waits {
             match server.finish(rx, started).await {
-                Ok(Reply::Values(values)) => {
-                    for v in values {
+                Ok(Reply::Values(raw)) => {
+                    for v in values(&raw) {
                         found.entry(v.key).or_insert(v.raw);
                     }
                 }
@@ -275,6 +278,43 @@ async fn retrieval(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingRe
         pool.stats.get_hits.fetch_add(hits, Relaxed);
         out.extend_from_slice(b"END\r\n");
         Some(out.freeze())
+    })
+}
+
+/// One key: one server, whose reply is forwarded as it came.
+async fn retrieval_one(
+    pool: &Arc<Pool>,
+    cmd: RetrievalCmd,
+    exptime: i64,
+    keys: Vec<Bytes>,
+    affinity: usize,
+) -> PendingReply {
+    let Some(server) = pool.state().server_for(&keys[0]).cloned() else {
+        pool.stats.errors.fetch_add(1, Relaxed);
+        return ready(b"SERVER_ERROR no live server in pool\r\n");
+    };
+    let mut data = BytesMut::new();
+    Request::Retrieval { cmd, exptime, keys }.encode(&mut data);
+    let started = Instant::now();
+    let rx = server.submit(data.freeze(), ReplyKind::Values, affinity).await;
+    let pool = pool.clone();
+    Box::pin(async move {
+        match server.finish(rx, started).await {
+            Ok(Reply::Values(raw)) => {
+                if raw.len() > 5 {
+                    pool.stats.get_hits.fetch_add(1, Relaxed);
+                }
+                Some(raw)
+            }
+            Ok(Reply::Line(line)) => {
+                pool.stats.errors.fetch_add(1, Relaxed);
+                Some(line)
+            }
+            Err(e) => {
+                pool.stats.errors.fetch_add(1, Relaxed);
+                Some(server_error(&server, &e))
+            }
+        }
     })
 }
 
@@ -353,9 +393,4 @@ fn stats_reply(pool: &Pool, shared: &Shared, group: Option<&[u8]>) -> Bytes {
     stat("live_servers", state.live().count().to_string());
     out.push_str("END\r\n");
     Bytes::from(out)
-}
-
-/// Whether `key` may be routed (for callers outside the parser).
-pub fn routable(key: &[u8]) -> bool {
-    valid_key(key)
 }

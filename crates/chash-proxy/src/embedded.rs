@@ -21,10 +21,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::memcache::{parse_request, ArithOp, Parsed, Request, RetrievalCmd, StorageCmd};
+use crate::memcache::{parse_request, ArithOp, Limits, Parsed, Request, RetrievalCmd, StorageCmd};
 
 /// Largest value a shard stores (memcached's default item size limit).
 pub const MAX_VALUE: usize = 1024 * 1024;
+
+/// Shards accept what memcached accepts (the proxy in front decides how
+/// strict clients must be).
+const SHARD_LIMITS: Limits = Limits { max_value: MAX_VALUE, lenient_keys: true };
 
 #[derive(Clone, Debug)]
 struct Item {
@@ -338,7 +342,7 @@ async fn serve_shard_client(mut stream: tokio::net::TcpStream, store: Arc<Store>
                     break;
                 }
             }
-            match parse_request(&mut buf, MAX_VALUE) {
+            match parse_request(&mut buf, SHARD_LIMITS) {
                 Parsed::Incomplete => break,
                 Parsed::Refused { reply, skip, close } => {
                     out.extend_from_slice(reply);
@@ -381,7 +385,7 @@ mod tests {
     fn run(store: &Store, input: &[u8]) -> String {
         let mut buf = BytesMut::from(input);
         let mut out = BytesMut::new();
-        while let Parsed::Request(req) = parse_request(&mut buf, MAX_VALUE) {
+        while let Parsed::Request(req) = parse_request(&mut buf, SHARD_LIMITS) {
             store.execute(&req, &mut out);
         }
         String::from_utf8(out.to_vec()).unwrap()
@@ -417,7 +421,7 @@ mod tests {
             buf.extend_from_slice(&value);
             buf.extend_from_slice(b"\r\n");
             let mut out = BytesMut::new();
-            if let Parsed::Request(r) = parse_request(&mut buf, MAX_VALUE) {
+            if let Parsed::Request(r) = parse_request(&mut buf, SHARD_LIMITS) {
                 s.execute(&r, &mut out);
             }
         }

@@ -29,6 +29,9 @@ pub struct ProxyOptions {
     pub config_path: Option<PathBuf>,
     /// How long a graceful shutdown waits for in-flight requests.
     pub drain: Duration,
+    /// Accept keys with control bytes, as memcached and twemproxy do
+    /// (protocol.txt forbids them; refused by default).
+    pub lenient_keys: bool,
 }
 
 impl Default for ProxyOptions {
@@ -39,6 +42,7 @@ impl Default for ProxyOptions {
             client_idle_timeout: None,
             config_path: None,
             drain: crate::DEFAULT_DRAIN,
+            lenient_keys: false,
         }
     }
 }

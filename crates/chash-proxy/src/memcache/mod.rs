@@ -5,5 +5,5 @@
 pub mod reply;
 pub mod request;
 
-pub use reply::{parse_reply, Reply, ReplyKind, ReplyParse, Value};
-pub use request::{parse_request, ArithOp, Parsed, Request, RetrievalCmd, StorageCmd, MAX_KEY_LEN};
+pub use reply::{parse_reply, values, Reply, ReplyKind, ReplyParse, Value};
+pub use request::{parse_request, ArithOp, Limits, Parsed, Request, RetrievalCmd, StorageCmd, MAX_KEY_LEN};

@@ -27,8 +27,30 @@ pub struct Value {
 pub enum Reply {
     /// A one-line reply, with its `\r\n` (also an error line to a retrieval).
     Line(Bytes),
-    /// The values of a retrieval (the `END` line consumed).
-    Values(Vec<Value>),
+    /// A retrieval's whole reply, `VALUE` blocks and the `END` line, as sent
+    /// (a single-server get is forwarded as is; [`values`] splits it).
+    Values(Bytes),
+}
+
+/// The `VALUE` blocks of a complete retrieval reply.
+pub fn values(raw: &Bytes) -> Vec<Value> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while let Some(i) = raw[pos..].iter().position(|&b| b == b'\n') {
+        let end = pos + i + 1;
+        let line = trim_crlf(&raw[pos..end]);
+        let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
+        let (Some(b"VALUE"), Some(key), Some(_), Some(len)) = (words.next(), words.next(), words.next(), words.next())
+        else {
+            break;
+        };
+        let Some(len) = std::str::from_utf8(len).ok().and_then(|l| l.parse::<usize>().ok()) else { break };
+        let key_start = key.as_ptr() as usize - raw.as_ptr() as usize;
+        let block_end = (end + len + 2).min(raw.len());
+        out.push(Value { key: raw.slice(key_start..key_start + key.len()), raw: raw.slice(pos..block_end) });
+        pos = block_end;
+    }
+    out
 }
 
 /// What the parser made of the front of a backend's byte stream.
@@ -57,7 +79,7 @@ pub fn parse_reply(buf: &mut BytesMut, kind: ReplyKind) -> ReplyParse {
             Some(Err(e)) => ReplyParse::Invalid(e),
             None => ReplyParse::Incomplete,
         },
-        ReplyKind::Values => values(buf),
+        ReplyKind::Values => values_reply(buf),
     }
 }
 
@@ -70,10 +92,10 @@ fn line_at(buf: &[u8], from: usize) -> Option<Result<usize, String>> {
     }
 }
 
-fn values(buf: &mut BytesMut) -> ReplyParse {
-    // First find the whole reply without consuming; then split it.
+fn values_reply(buf: &mut BytesMut) -> ReplyParse {
+    // Find the end of the whole reply without consuming; then take it.
     let mut pos = 0;
-    let mut blocks: Vec<(usize, usize, usize, usize)> = Vec::new(); // (start, end, key_start, key_end)
+    let mut first = true;
     loop {
         let end = match line_at(buf, pos) {
             Some(Ok(end)) => end,
@@ -82,13 +104,14 @@ fn values(buf: &mut BytesMut) -> ReplyParse {
         };
         let line = trim_crlf(&buf[pos..end]);
         if line == b"END" {
-            break;
+            return ReplyParse::Done(Reply::Values(buf.split_to(end).freeze()));
         }
-        if blocks.is_empty() && is_error_line(line) {
+        if first && is_error_line(line) {
             return ReplyParse::Done(Reply::Line(buf.split_to(end).freeze()));
         }
+        first = false;
         let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
-        let (Some(b"VALUE"), Some(key), Some(_flags), Some(len)) =
+        let (Some(b"VALUE"), Some(_key), Some(_flags), Some(len)) =
             (words.next(), words.next(), words.next(), words.next())
         else {
             return ReplyParse::Invalid(format!("unexpected reply line {:?}", String::from_utf8_lossy(line)));
@@ -96,7 +119,6 @@ fn values(buf: &mut BytesMut) -> ReplyParse {
         let Some(len) = std::str::from_utf8(len).ok().and_then(|l| l.parse::<usize>().ok()) else {
             return ReplyParse::Invalid("bad VALUE length".into());
         };
-        let key_start = key.as_ptr() as usize - buf.as_ptr() as usize;
         let block_end = end + len + 2;
         if buf.len() < block_end {
             buf.reserve(block_end - buf.len());
@@ -105,16 +127,8 @@ fn values(buf: &mut BytesMut) -> ReplyParse {
         if &buf[end + len..block_end] != b"\r\n" {
             return ReplyParse::Invalid("VALUE data not followed by CRLF".into());
         }
-        blocks.push((pos, block_end, key_start, key_start + key.len()));
         pos = block_end;
     }
-    let end_line = line_at(buf, pos).and_then(Result::ok).unwrap_or(pos);
-    let all = buf.split_to(end_line).freeze();
-    let values = blocks
-        .into_iter()
-        .map(|(start, end, ks, ke)| Value { key: all.slice(ks..ke), raw: all.slice(start..end) })
-        .collect();
-    ReplyParse::Done(Reply::Values(values))
 }
 
 fn trim_crlf(line: &[u8]) -> &[u8] {
@@ -139,7 +153,9 @@ mod tests {
     #[test]
     fn values_and_lines() {
         let mut b = BytesMut::from(&b"VALUE a 0 1\r\nx\r\nVALUE bb 3 2 77\r\nyz\r\nEND\r\nSTORED\r\n"[..]);
-        let ReplyParse::Done(Reply::Values(v)) = parse_reply(&mut b, ReplyKind::Values) else { panic!() };
+        let ReplyParse::Done(Reply::Values(raw)) = parse_reply(&mut b, ReplyKind::Values) else { panic!() };
+        assert!(raw.ends_with(b"END\r\n"));
+        let v = values(&raw);
         assert_eq!(v.len(), 2);
         assert_eq!(&v[1].key[..], b"bb");
         assert_eq!(&v[1].raw[..], b"VALUE bb 3 2 77\r\nyz\r\n");

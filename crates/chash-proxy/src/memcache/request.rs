@@ -193,9 +193,35 @@ fn refused(reply: &'static [u8]) -> Parsed {
     Parsed::Refused { reply, skip: 0, close: false }
 }
 
-/// A key memcached accepts: 1 to 250 bytes, no control characters or spaces.
+/// What the parser accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest data block accepted; larger ones are refused and skipped.
+    pub max_value: usize,
+    /// Accept control bytes in keys, as memcached and twemproxy do (they
+    /// only split on spaces); protocol.txt forbids them, so the default is
+    /// to refuse them. Some tools (memcaslap) generate such keys.
+    pub lenient_keys: bool,
+}
+
+impl Default for Limits {
+    /// 1 MiB values, strict keys.
+    fn default() -> Self {
+        Limits { max_value: 1024 * 1024, lenient_keys: false }
+    }
+}
+
+/// A key protocol.txt allows: 1 to 250 bytes, no control characters or spaces.
 pub fn valid_key(key: &[u8]) -> bool {
     !key.is_empty() && key.len() <= MAX_KEY_LEN && key.iter().all(|&b| b > b' ' && b != 0x7f)
+}
+
+fn key_ok(key: &[u8], limits: Limits) -> bool {
+    if limits.lenient_keys {
+        !key.is_empty() && key.len() <= MAX_KEY_LEN
+    } else {
+        valid_key(key)
+    }
 }
 
 fn num<T: std::str::FromStr>(word: &[u8]) -> Option<T> {
@@ -203,8 +229,8 @@ fn num<T: std::str::FromStr>(word: &[u8]) -> Option<T> {
 }
 
 /// Parses one request from the front of `buf`, taking its bytes when it is
-/// complete. `max_value` is the largest data block accepted.
-pub fn parse_request(buf: &mut BytesMut, max_value: usize) -> Parsed {
+/// complete.
+pub fn parse_request(buf: &mut BytesMut, limits: Limits) -> Parsed {
     let Some(nl) = memchr_newline(buf) else {
         if buf.len() > MAX_LINE {
             buf.clear();
@@ -223,9 +249,7 @@ pub fn parse_request(buf: &mut BytesMut, max_value: usize) -> Parsed {
         return refused(ERROR);
     };
     match cmd {
-        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => {
-            storage(buf, &line, &words, line_len, max_value)
-        }
+        b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => storage(buf, &line, &words, line_len, limits),
         b"get" | b"gets" | b"gat" | b"gats" => {
             let (rcmd, first_key) = match cmd {
                 b"get" => (RetrievalCmd::Get, 1),
@@ -236,7 +260,7 @@ pub fn parse_request(buf: &mut BytesMut, max_value: usize) -> Parsed {
             let exptime = if first_key == 2 { words.get(1).and_then(|w| num::<i64>(w)) } else { Some(0) };
             let keys = &words[first_key.min(words.len())..];
             let result = match exptime {
-                Some(exptime) if !keys.is_empty() && keys.iter().all(|k| valid_key(k)) => {
+                Some(exptime) if !keys.is_empty() && keys.iter().all(|k| key_ok(k, limits)) => {
                     let keys = keys.iter().map(|k| line.slice_ref(k)).collect();
                     Parsed::Request(Request::Retrieval { cmd: rcmd, exptime, keys })
                 }
@@ -250,7 +274,7 @@ pub fn parse_request(buf: &mut BytesMut, max_value: usize) -> Parsed {
             // delete <key> [0] [noreply]: memcached still accepts a zero time.
             let noreply = words.last() == Some(&&b"noreply"[..]) && words.len() > 2;
             let rest = words.len() - usize::from(noreply);
-            let ok = (rest == 2 || (rest == 3 && words[2] == b"0")) && valid_key(words[1]);
+            let ok = (rest == 2 || (rest == 3 && words[2] == b"0")) && key_ok(words[1], limits);
             let result = if ok {
                 Parsed::Request(Request::Delete { key: line.slice_ref(words[1]), noreply })
             } else if rest >= 3 {
@@ -263,7 +287,7 @@ pub fn parse_request(buf: &mut BytesMut, max_value: usize) -> Parsed {
         }
         b"incr" | b"decr" => {
             let noreply = words.len() == 4 && words[3] == b"noreply";
-            let result = if (words.len() == 3 || noreply) && valid_key(words[1]) {
+            let result = if (words.len() == 3 || noreply) && key_ok(words[1], limits) {
                 match num::<u64>(words[2]) {
                     Some(delta) => Parsed::Request(Request::Arith {
                         op: if cmd == b"incr" { ArithOp::Incr } else { ArithOp::Decr },
@@ -281,14 +305,14 @@ pub fn parse_request(buf: &mut BytesMut, max_value: usize) -> Parsed {
         }
         b"touch" => {
             let noreply = words.len() == 4 && words[3] == b"noreply";
-            let result = match ((words.len() == 3 || noreply) && valid_key(words[1]), words.get(2).and_then(|w| num(w)))
-            {
-                (true, Some(exptime)) => {
-                    Parsed::Request(Request::Touch { key: line.slice_ref(words[1]), exptime, noreply })
-                }
-                (true, None) => refused(b"CLIENT_ERROR invalid exptime argument\r\n"),
-                _ => refused(BAD_FORMAT),
-            };
+            let result =
+                match ((words.len() == 3 || noreply) && key_ok(words[1], limits), words.get(2).and_then(|w| num(w))) {
+                    (true, Some(exptime)) => {
+                        Parsed::Request(Request::Touch { key: line.slice_ref(words[1]), exptime, noreply })
+                    }
+                    (true, None) => refused(b"CLIENT_ERROR invalid exptime argument\r\n"),
+                    _ => refused(BAD_FORMAT),
+                };
             buf.advance(line_len);
             result
         }
@@ -336,7 +360,7 @@ pub fn parse_request(buf: &mut BytesMut, max_value: usize) -> Parsed {
     }
 }
 
-fn storage(buf: &mut BytesMut, line: &Bytes, words: &[&[u8]], line_len: usize, max_value: usize) -> Parsed {
+fn storage(buf: &mut BytesMut, line: &Bytes, words: &[&[u8]], line_len: usize, limits: Limits) -> Parsed {
     let cmd = match words[0] {
         b"set" => StorageCmd::Set,
         b"add" => StorageCmd::Add,
@@ -365,12 +389,12 @@ fn storage(buf: &mut BytesMut, line: &Bytes, words: &[&[u8]], line_len: usize, m
         buf.advance(line_len);
         return refused(BAD_FORMAT);
     };
-    if !valid_key(words[1]) {
+    if !key_ok(words[1], limits) {
         buf.advance(line_len);
         // The length is known: skip the data block so it is not read as commands.
         return Parsed::Refused { reply: BAD_FORMAT, skip: len + 2, close: false };
     }
-    if len > max_value {
+    if len > limits.max_value {
         buf.advance(line_len);
         return Parsed::Refused { reply: TOO_LARGE, skip: len + 2, close: false };
     }
@@ -424,55 +448,91 @@ impl Request {
     /// reply (the proxy drops it when the client said `noreply`, so that
     /// replies stay matched to requests in order).
     pub fn encode(&self, out: &mut BytesMut) {
-        use std::io::Write;
-        let mut w = out.writer();
-        // Writing to BytesMut cannot fail.
-        let _ = match self {
+        match self {
             Request::Storage { cmd, key, flags, exptime, data, cas, .. } => {
-                let _ = w.write_all(cmd.name().as_bytes());
-                let _ = w.write_all(b" ");
-                let _ = w.write_all(key);
-                let _ = if *cmd == StorageCmd::Cas {
-                    write!(w, " {flags} {exptime} {} {cas}\r\n", data.len())
-                } else {
-                    write!(w, " {flags} {exptime} {}\r\n", data.len())
-                };
-                let _ = w.write_all(data);
-                w.write_all(b"\r\n")
+                out.reserve(key.len() + data.len() + 64);
+                out.put_slice(cmd.name().as_bytes());
+                out.put_u8(b' ');
+                out.put_slice(key);
+                put_num(out, u64::from(*flags));
+                put_int(out, *exptime);
+                put_num(out, data.len() as u64);
+                if *cmd == StorageCmd::Cas {
+                    put_num(out, *cas);
+                }
+                out.put_slice(b"\r\n");
+                out.put_slice(data);
+                out.put_slice(b"\r\n");
             }
             Request::Retrieval { cmd, exptime, keys } => {
-                let _ = w.write_all(cmd.name().as_bytes());
+                out.reserve(keys.iter().map(|k| k.len() + 1).sum::<usize>() + 32);
+                out.put_slice(cmd.name().as_bytes());
                 if matches!(cmd, RetrievalCmd::Gat | RetrievalCmd::Gats) {
-                    let _ = write!(w, " {exptime}");
+                    put_int(out, *exptime);
                 }
                 for k in keys {
-                    let _ = w.write_all(b" ");
-                    let _ = w.write_all(k);
+                    out.put_u8(b' ');
+                    out.put_slice(k);
                 }
-                w.write_all(b"\r\n")
+                out.put_slice(b"\r\n");
             }
             Request::Delete { key, .. } => {
-                let _ = w.write_all(b"delete ");
-                let _ = w.write_all(key);
-                w.write_all(b"\r\n")
+                out.put_slice(b"delete ");
+                out.put_slice(key);
+                out.put_slice(b"\r\n");
             }
             Request::Arith { op, key, delta, .. } => {
-                let _ = w.write_all(if *op == ArithOp::Incr { b"incr " } else { b"decr " });
-                let _ = w.write_all(key);
-                write!(w, " {delta}\r\n")
+                out.put_slice(if *op == ArithOp::Incr { b"incr " } else { b"decr " });
+                out.put_slice(key);
+                put_num(out, *delta);
+                out.put_slice(b"\r\n");
             }
             Request::Touch { key, exptime, .. } => {
-                let _ = w.write_all(b"touch ");
-                let _ = w.write_all(key);
-                write!(w, " {exptime}\r\n")
+                out.put_slice(b"touch ");
+                out.put_slice(key);
+                put_int(out, *exptime);
+                out.put_slice(b"\r\n");
             }
-            Request::FlushAll { delay: Some(d), .. } => write!(w, "flush_all {d}\r\n"),
-            Request::FlushAll { delay: None, .. } => w.write_all(b"flush_all\r\n"),
-            Request::Version => w.write_all(b"version\r\n"),
-            Request::Verbosity { .. } => w.write_all(b"verbosity 1\r\n"),
-            Request::Stats { .. } => w.write_all(b"stats\r\n"),
-            Request::Quit => w.write_all(b"quit\r\n"),
-        };
+            Request::FlushAll { delay, .. } => {
+                out.put_slice(b"flush_all");
+                if let Some(d) = delay {
+                    put_int(out, *d);
+                }
+                out.put_slice(b"\r\n");
+            }
+            Request::Version => out.put_slice(b"version\r\n"),
+            Request::Verbosity { .. } => out.put_slice(b"verbosity 1\r\n"),
+            Request::Stats { .. } => out.put_slice(b"stats\r\n"),
+            Request::Quit => out.put_slice(b"quit\r\n"),
+        }
+    }
+}
+
+/// Appends `' '` and `n` in decimal.
+fn put_num(out: &mut BytesMut, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.put_u8(b' ');
+    out.put_slice(&digits[i..]);
+}
+
+/// Appends `' '` and a signed `n` in decimal.
+fn put_int(out: &mut BytesMut, n: i64) {
+    if n < 0 {
+        out.put_slice(b" -");
+        let mut tmp = BytesMut::new();
+        put_num(&mut tmp, n.unsigned_abs());
+        out.put_slice(&tmp[1..]);
+    } else {
+        put_num(out, n as u64);
     }
 }
 
@@ -482,7 +542,7 @@ mod tests {
 
     fn parse(input: &[u8]) -> (Parsed, usize) {
         let mut buf = BytesMut::from(input);
-        let p = parse_request(&mut buf, 1024);
+        let p = parse_request(&mut buf, Limits { max_value: 1024, lenient_keys: false });
         (p, buf.len())
     }
 
@@ -525,7 +585,10 @@ mod tests {
         assert_eq!(parse(b"get a\x01b\r\n").0, refused(BAD_FORMAT));
         assert_eq!(parse(b"incr k x\r\n").0, refused(b"CLIENT_ERROR invalid numeric delta argument\r\n"));
         let mut huge = BytesMut::from(&vec![b'a'; MAX_LINE + 1][..]);
-        assert!(matches!(parse_request(&mut huge, 10), Parsed::Refused { close: true, .. }));
+        assert!(matches!(parse_request(&mut huge, Limits::default()), Parsed::Refused { close: true, .. }));
+        let mut lenient = BytesMut::from(&b"get \x10k\r\n"[..]);
+        let limits = Limits { lenient_keys: true, ..Limits::default() };
+        assert!(matches!(parse_request(&mut lenient, limits), Parsed::Request(Request::Retrieval { .. })));
     }
 
     #[test]
