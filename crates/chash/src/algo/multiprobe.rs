@@ -30,8 +30,8 @@ const NODE_SEED: u64 = 0x6d75_6c74_6970_726f; // "multipro"
 ///
 /// Memory is one point per node (12 bytes with the index) — no virtual
 /// nodes — and balance comes from the probes instead: more probes, flatter
-/// load (peak/mean ≈ 1.05 at 21 probes, N = 100). Lookup costs `k` mixes and
-/// `k` O(1) successor searches. Adding or removing a node moves only keys to
+/// load (measured at N = 100 with 1M keys: peak/mean 1.09 at 21 probes,
+/// 1.05 at 41). Lookup costs `k` mixes and `k` binary searches. Adding or removing a node moves only keys to
 /// or from it. Weights are not supported (every node must have weight 1).
 ///
 /// ```
@@ -96,12 +96,26 @@ impl<T> MultiProbe<T> {
     #[inline]
     fn owning_point(&self, hash: u64) -> Option<usize> {
         let hashes = self.points.hashes();
+        if hashes.is_empty() {
+            return None;
+        }
+        // The first point at or after the probe, wrapping. A plain binary
+        // search beats the bucket index here: its trip count is the same for
+        // every probe, so its branches predict well (measured: 2× faster).
+        let successor = |probe: u64| {
+            let pos = hashes.partition_point(|&p| p < probe);
+            if pos == hashes.len() {
+                0
+            } else {
+                pos
+            }
+        };
         let probe = mix2(hash, 0);
-        let mut best_pos = self.points.locate(probe)?;
+        let mut best_pos = successor(probe);
         let mut best = hashes[best_pos].wrapping_sub(probe);
         for j in 1..self.probes {
             let probe = mix2(hash, u64::from(j));
-            let pos = self.points.locate(probe)?;
+            let pos = successor(probe);
             let distance = hashes[pos].wrapping_sub(probe);
             // Written as selects so the compiler can avoid a branch that
             // mispredicts half the time.
