@@ -234,13 +234,16 @@ fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// A metric: name, Prometheus type, help text, and how to read it.
+type Metric<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+
 fn metrics(proxy: &Proxy) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# HELP chash_uptime_seconds Seconds since the proxy started.");
     let _ = writeln!(out, "# TYPE chash_uptime_seconds gauge");
     let _ = writeln!(out, "chash_uptime_seconds {}", proxy.shared.started.elapsed().as_secs());
     let pools = proxy.pools();
-    let pool_counters: [(&str, &str, &str, fn(&Pool) -> u64); 6] = [
+    let pool_counters: [Metric<Pool>; 6] = [
         ("chash_pool_client_connections", "gauge", "Client connections open.", |p| {
             p.stats.curr_connections.load(Relaxed)
         }),
@@ -263,7 +266,7 @@ fn metrics(proxy: &Proxy) -> String {
             let _ = writeln!(out, "{name}{{pool=\"{}\"}} {}", label(&p.name), get(p));
         }
     }
-    let server_counters: [(&str, &str, &str, fn(&Member) -> u64); 5] = [
+    let server_counters: [Metric<Member>; 5] = [
         ("chash_server_requests_total", "counter", "Requests sent to the server.", |m| {
             m.server.stats.requests.load(Relaxed)
         }),
@@ -324,7 +327,7 @@ fn percent_decode(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'%' && i + 2 < b.len() + 0 && i + 2 <= b.len() - 1 {
+        if b[i] == b'%' && i + 2 < b.len() {
             if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
                 out.push(v);
                 i += 3;

@@ -57,6 +57,9 @@ pub struct PoolSpec {
     pub addresses: HashMap<String, Address>,
 }
 
+/// What a reload did to one pool: its name and the change (or why not).
+pub type PoolReload = (String, Result<Change, PoolError>);
+
 /// The running proxy's shared state (pools by name).
 #[derive(Debug)]
 pub struct Proxy {
@@ -82,7 +85,7 @@ impl Proxy {
     ///
     /// # Errors
     /// No config file, or one that does not parse; nothing is changed then.
-    pub fn reload(&self) -> Result<Vec<(String, Result<Change, PoolError>)>, PoolError> {
+    pub fn reload(&self) -> Result<Vec<PoolReload>, PoolError> {
         let path =
             self.shared.options.config_path.as_ref().ok_or_else(|| PoolError("no config file to reload".into()))?;
         let text =
