@@ -186,7 +186,7 @@ async fn dispatch(pool: &Arc<Pool>, shared: &Arc<Shared>, req: Request, affinity
 async fn single_key(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingReply {
     let noreply = req.noreply();
     let Some(key) = req.single_key() else { return ready(b"ERROR\r\n") };
-    let Some(server) = pool.state().server_for(key).cloned() else {
+    let Some((server, load)) = pool.acquire(key) else {
         pool.stats.errors.fetch_add(1, Relaxed);
         return if noreply {
             Box::pin(std::future::ready(None))
@@ -201,6 +201,7 @@ async fn single_key(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingR
     let pool = pool.clone();
     Box::pin(async move {
         let result = server.finish(rx, started).await;
+        drop(load);
         let bytes = match result {
             Ok(Reply::Line(line)) => line,
             Ok(Reply::Values(_)) => {
@@ -223,23 +224,23 @@ async fn retrieval(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingRe
         return retrieval_one(pool, cmd, exptime, keys, affinity).await;
     }
     // Group the distinct keys by server, in first-seen order.
-    let state = pool.state();
     let mut groups: Vec<(Arc<Server>, Vec<Bytes>)> = Vec::new();
+    let mut loads = Vec::new();
     let mut seen: HashMap<&[u8], ()> = HashMap::new();
     for key in &keys {
         if seen.insert(&key[..], ()).is_some() {
             continue;
         }
-        let Some(server) = state.server_for(key) else {
+        let Some((server, load)) = pool.acquire(key) else {
             pool.stats.errors.fetch_add(1, Relaxed);
             return ready(b"SERVER_ERROR no live server in pool\r\n");
         };
-        match groups.iter_mut().find(|(s, _)| Arc::ptr_eq(s, server)) {
+        loads.extend(load);
+        match groups.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &server)) {
             Some((_, ks)) => ks.push(key.clone()),
-            None => groups.push((server.clone(), vec![key.clone()])),
+            None => groups.push((server, vec![key.clone()])),
         }
     }
-    drop(state);
     let mut waits = Vec::with_capacity(groups.len());
     for (server, group_keys) in groups {
         let mut data = BytesMut::new();
@@ -263,6 +264,7 @@ async fn retrieval(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingRe
                 Err(e) => failure = failure.or_else(|| Some(server_error(&server, &e))),
             }
         }
+        drop(loads);
         if let Some(f) = failure {
             pool.stats.errors.fetch_add(1, Relaxed);
             return Some(f);
@@ -289,7 +291,7 @@ async fn retrieval_one(
     keys: Vec<Bytes>,
     affinity: usize,
 ) -> PendingReply {
-    let Some(server) = pool.state().server_for(&keys[0]).cloned() else {
+    let Some((server, load)) = pool.acquire(&keys[0]) else {
         pool.stats.errors.fetch_add(1, Relaxed);
         return ready(b"SERVER_ERROR no live server in pool\r\n");
     };
@@ -299,7 +301,9 @@ async fn retrieval_one(
     let rx = server.submit(data.freeze(), ReplyKind::Values, affinity).await;
     let pool = pool.clone();
     Box::pin(async move {
-        match server.finish(rx, started).await {
+        let result = server.finish(rx, started).await;
+        drop(load);
+        match result {
             Ok(Reply::Values(raw)) => {
                 if raw.len() > 5 {
                     pool.stats.get_hits.fetch_add(1, Relaxed);

@@ -218,14 +218,16 @@ impl Pool {
     fn change(
         &self,
         what: String,
+        step_of: impl FnOnce(&PoolState) -> Result<Step, PoolError>,
         edit: impl FnOnce(&mut PoolConfig, &mut Vec<Member>) -> Result<(), PoolError>,
     ) -> Result<Change, PoolError> {
         let mut config = self.lock();
         let old = self.state.load_full();
+        let step = step_of(&old)?;
         let mut members = old.members.clone();
         let mut next_config = config.clone();
         edit(&mut next_config, &mut members)?;
-        let routing = build_routing(&next_config, &members)?;
+        let routing = next_routing(old.routing.as_ref(), step, &next_config, &members)?;
         let moved_fraction = moved_fraction(old.routing.as_ref(), &old.members, routing.as_ref(), &members);
         let live_servers = members.iter().filter(|m| m.ejected.is_none()).count();
         *config = next_config;
@@ -241,16 +243,21 @@ impl Pool {
     /// A duplicate id, or a placement that cannot be built.
     pub fn add_server(&self, line: ServerLine) -> Result<Change, PoolError> {
         let what = format!("added server {line}");
-        self.change(what, |config, members| {
-            if members.iter().any(|m| m.line.id == line.id) {
-                return Err(PoolError(format!("server {:?} is already in pool {:?}", line.id, config.name)));
-            }
-            let address = self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-            let server = Server::start(line.clone(), address, &self.settings.backend, Some(self.failures.clone()));
-            config.servers.push(line.clone());
-            members.push(Member { line, server, ejected: None });
-            Ok(())
-        })
+        let node = line.to_node().map_err(|e| PoolError(e.to_string()))?;
+        self.change(
+            what,
+            |_| Ok(Step::Add(node)),
+            |config, members| {
+                if members.iter().any(|m| m.line.id == line.id) {
+                    return Err(PoolError(format!("server {:?} is already in pool {:?}", line.id, config.name)));
+                }
+                let address = self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
+                let server = Server::start(line.clone(), address, &self.settings.backend, Some(self.failures.clone()));
+                config.servers.push(line.clone());
+                members.push(Member { line, server, ejected: None });
+                Ok(())
+            },
+        )
     }
 
     /// Removes a server; requests already sent to it complete.
@@ -258,12 +265,16 @@ impl Pool {
     /// # Errors
     /// An unknown id.
     pub fn remove_server(&self, id: &str) -> Result<Change, PoolError> {
-        self.change(format!("removed server {id}"), |config, members| {
-            let at = find(members, id, &config.name)?;
-            members.remove(at);
-            config.servers.retain(|s| s.id != id);
-            Ok(())
-        })
+        self.change(
+            format!("removed server {id}"),
+            |st| Ok(live_step(st, id, Step::Remove(id.to_owned()))),
+            |config, members| {
+                let at = find(members, id, &config.name)?;
+                members.remove(at);
+                config.servers.retain(|s| s.id != id);
+                Ok(())
+            },
+        )
     }
 
     /// Changes a server's weight.
@@ -274,7 +285,9 @@ impl Pool {
         if weight == 0 {
             return Err(PoolError("weight 0: weights start at 1".into()));
         }
-        self.change(format!("server {id} weight {weight}"), |config, members| {
+        let step =
+            |st: &PoolState| -> Result<Step, PoolError> { Ok(live_step(st, id, Step::Weight(id.to_owned(), weight))) };
+        self.change(format!("server {id} weight {weight}"), step, |config, members| {
             let at = find(members, id, &config.name)?;
             members[at].line.weight = weight;
             for s in &mut config.servers {
@@ -291,12 +304,16 @@ impl Pool {
     /// # Errors
     /// An unknown id.
     pub fn eject(&self, id: &str) -> Result<Change, PoolError> {
-        self.change(format!("ejected server {id}"), |config, members| {
-            let at = find(members, id, &config.name)?;
-            members[at].ejected = Some(Ejection::Admin);
-            members[at].server.stats.ejections.fetch_add(1, Relaxed);
-            Ok(())
-        })
+        self.change(
+            format!("ejected server {id}"),
+            |st| Ok(live_step(st, id, Step::Remove(id.to_owned()))),
+            |config, members| {
+                let at = find(members, id, &config.name)?;
+                members[at].ejected = Some(Ejection::Admin);
+                members[at].server.stats.ejections.fetch_add(1, Relaxed);
+                Ok(())
+            },
+        )
     }
 
     /// Brings an ejected server back.
@@ -304,7 +321,8 @@ impl Pool {
     /// # Errors
     /// An unknown id.
     pub fn restore(&self, id: &str) -> Result<Change, PoolError> {
-        self.change(format!("restored server {id}"), |config, members| {
+        let step = |st: &PoolState| -> Result<Step, PoolError> { restore_step(st, id, &self.name) };
+        self.change(format!("restored server {id}"), step, |config, members| {
             let at = find(members, id, &config.name)?;
             members[at].ejected = None;
             Ok(())
@@ -318,24 +336,48 @@ impl Pool {
     /// # Errors
     /// A placement that cannot be built; the pool is then unchanged.
     pub fn reload(&self, new: PoolConfig) -> Result<Change, PoolError> {
-        self.change("reloaded the config".into(), |config, members| {
-            let mut next = Vec::new();
-            for line in &new.servers {
-                let member = match members.iter().find(|m| m.line.id == line.id) {
-                    Some(m) => Member { line: line.clone(), server: m.server.clone(), ejected: m.ejected },
-                    None => {
-                        let address = self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-                        let server =
-                            Server::start(line.clone(), address, &self.settings.backend, Some(self.failures.clone()));
-                        Member { line: line.clone(), server, ejected: None }
-                    }
-                };
-                next.push(member);
-            }
-            *members = next;
-            *config = new;
-            Ok(())
-        })
+        self.change(
+            "reloaded the config".into(),
+            |_| Ok(Step::Rebuild),
+            |config, members| {
+                let mut next = Vec::new();
+                for line in &new.servers {
+                    let member = match members.iter().find(|m| m.line.id == line.id) {
+                        Some(m) => Member { line: line.clone(), server: m.server.clone(), ejected: m.ejected },
+                        None => {
+                            let address =
+                                self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
+                            let server = Server::start(
+                                line.clone(),
+                                address,
+                                &self.settings.backend,
+                                Some(self.failures.clone()),
+                            );
+                            Member { line: line.clone(), server, ejected: None }
+                        }
+                    };
+                    next.push(member);
+                }
+                *members = next;
+                *config = new;
+                Ok(())
+            },
+        )
+    }
+
+    /// The server for `key`, holding one unit of load on it until the
+    /// returned guard drops when the pool bounds loads (`distribution:
+    /// bounded`); other placements take no load.
+    pub fn acquire(&self, key: &[u8]) -> Option<(Arc<Server>, Option<LoadRelease>)> {
+        let state = self.state.load();
+        if !state.bounds_load() {
+            return state.server_for(key).map(|s| (s.clone(), None));
+        }
+        let state = self.state.load_full();
+        let Some(Routing::Placed { snapshot, to_member }) = state.routing.as_ref() else { return None };
+        let node = snapshot.placement().acquire_hash(snapshot.key_hash(key))?;
+        let server = state.members[to_member[node]].server.clone();
+        Some((server, Some(LoadRelease { state, node })))
     }
 
     fn auto_eject(&self, id: &str) {
@@ -343,7 +385,8 @@ impl Pool {
             return;
         }
         let until = Instant::now() + self.settings.retry_timeout;
-        let result = self.change(format!("auto-ejected failing server {id}"), |config, members| {
+        let step = |st: &PoolState| -> Result<Step, PoolError> { Ok(live_step(st, id, Step::Remove(id.to_owned()))) };
+        let result = self.change(format!("auto-ejected failing server {id}"), step, |config, members| {
             let at = find(members, id, &config.name)?;
             if members[at].ejected.is_some() {
                 return Err(PoolError("already ejected".into()));
@@ -368,7 +411,8 @@ impl Pool {
             .map(|m| m.line.id.clone())
             .collect();
         for id in due {
-            let _ = self.change(format!("retrying ejected server {id}"), |config, members| {
+            let step = |st: &PoolState| -> Result<Step, PoolError> { restore_step(st, &id, &self.name) };
+            let _ = self.change(format!("retrying ejected server {id}"), step, |config, members| {
                 let at = find(members, &id, &config.name)?;
                 members[at].ejected = None;
                 members[at].server.reset_failures();
@@ -397,6 +441,100 @@ async fn health_task(pool: std::sync::Weak<Pool>, mut failures: mpsc::UnboundedR
             }
         }
     }
+}
+
+/// `step` if server `id` takes keys now, else no routing change.
+fn live_step(state: &PoolState, id: &str, step: Step) -> Step {
+    if state.members.iter().any(|m| m.line.id == id && m.ejected.is_none()) {
+        step
+    } else {
+        Step::Same
+    }
+}
+
+/// Adding back server `id` if it is out.
+fn restore_step(state: &PoolState, id: &str, pool: &str) -> Result<Step, PoolError> {
+    let member = state
+        .members
+        .iter()
+        .find(|m| m.line.id == id)
+        .ok_or_else(|| PoolError(format!("no server {id:?} in pool {pool:?}")))?;
+    if member.ejected.is_none() {
+        return Ok(Step::Same);
+    }
+    Ok(Step::Add(member.line.to_node().map_err(|e| PoolError(e.to_string()))?))
+}
+
+/// How a change moves the routing.
+enum Step {
+    /// Build it anew from the config (reloads).
+    Rebuild,
+    /// Keep the placement (the change does not touch a live server).
+    Same,
+    /// The placement's own "add this node" (merge, append, anchor's next bucket).
+    Add(chash::Node),
+    /// The placement's own "remove this node".
+    Remove(String),
+    /// The placement's own re-weighting.
+    Weight(String, u32),
+}
+
+/// Load held on a server of a `bounded` pool; given back on drop.
+pub struct LoadRelease {
+    state: Arc<PoolState>,
+    node: usize,
+}
+
+impl Drop for LoadRelease {
+    fn drop(&mut self) {
+        if let Some(Routing::Placed { snapshot, .. }) = &self.state.routing {
+            snapshot.placement().release(self.node);
+        }
+    }
+}
+
+impl PoolState {
+    /// Whether requests hold load (`distribution: bounded`).
+    pub fn bounds_load(&self) -> bool {
+        matches!(&self.routing, Some(Routing::Placed { snapshot, .. }) if matches!(snapshot.placement(), AnyPlacement::Bounded(_)))
+    }
+}
+
+/// The routing after a change: the placement's own incremental change when
+/// there is one (so anchor keeps its bucket history and the ring merges),
+/// else a fresh build.
+fn next_routing(
+    old: Option<&Routing>,
+    step: Step,
+    config: &PoolConfig,
+    members: &[Member],
+) -> Result<Option<Routing>, PoolError> {
+    let Some(Routing::Placed { snapshot, .. }) = old else { return build_routing(config, members) };
+    // twemproxy rebuilds its distributions from the server list (in its
+    // name order) on every change; so does chash for them.
+    if matches!(config.distribution, Distribution::Ketama | Distribution::Modula) {
+        return build_routing(config, members);
+    }
+    let err = |e: chash::Error| PoolError(format!("pool {:?}: {e}", config.name));
+    let snapshot = match step {
+        Step::Rebuild => return build_routing(config, members),
+        Step::Same => snapshot.clone(),
+        Step::Add(node) => snapshot.with_node(node).map_err(err)?,
+        Step::Remove(id) => {
+            if snapshot.nodes().len() == 1 {
+                return Ok(None);
+            }
+            snapshot.without_node(&id).map_err(err)?
+        }
+        Step::Weight(id, w) => snapshot.with_weight(&id, w).map_err(err)?,
+    };
+    let to_member = snapshot
+        .nodes()
+        .iter()
+        .map(|n| members.iter().position(|m| m.line.id == n.id() && m.ejected.is_none()))
+        .collect::<Option<Vec<usize>>>()
+        .ok_or_else(|| PoolError(format!("pool {:?}: placement and servers disagree", config.name)))?;
+    Ok(Some(Routing::Placed { snapshot, to_member }))
 }
 
 /// The routing over the members that are not ejected.
