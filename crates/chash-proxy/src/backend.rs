@@ -104,6 +104,9 @@ pub struct Server {
     down: AtomicBool,
     failure_limit: u32,
     on_failure: Option<mpsc::UnboundedSender<String>>,
+    /// Wakes connection slots waiting out a back-off (a restored server is
+    /// tried again at once).
+    retry: Arc<tokio::sync::Notify>,
     /// Counters.
     pub stats: ServerStats,
 }
@@ -140,13 +143,15 @@ impl Server {
             down: AtomicBool::new(false),
             failure_limit: settings.failure_limit.max(1),
             on_failure,
+            retry: Arc::new(tokio::sync::Notify::new()),
             stats: ServerStats::default(),
         });
         for rx in receivers {
             let weak = Arc::downgrade(&server);
             let address = server.address.clone();
             let settings = settings.clone();
-            tokio::spawn(async move { connection_slot(rx, address, settings, weak).await });
+            let retry = server.retry.clone();
+            tokio::spawn(async move { connection_slot(rx, address, settings, weak, retry).await });
         }
         server
     }
@@ -224,9 +229,11 @@ impl Server {
         result
     }
 
-    /// Forgets past failures (when an ejected server gets another chance).
+    /// Forgets past failures and ends any connect back-off (when an ejected
+    /// server gets another chance).
     pub fn reset_failures(&self) {
         self.failures.store(0, Relaxed);
+        self.retry.notify_waiters();
     }
 
     fn record_failure(&self, why: &str) {
@@ -282,6 +289,7 @@ async fn connection_slot(
     address: Address,
     settings: BackendSettings,
     server: std::sync::Weak<Server>,
+    retry: Arc<tokio::sync::Notify>,
 ) {
     let mut first: Option<Job> = None;
     let mut eager = settings.preconnect;
@@ -319,8 +327,11 @@ async fn connection_slot(
                 if let Some(job) = first.take() {
                     let _ = job.reply.send(Err(err.clone()));
                 }
-                // Fail fast until the next attempt.
+                // Fail fast until the next attempt (or until the pool gives
+                // the server another chance).
                 let until = tokio::time::Instant::now() + RETRY_BACKOFF;
+                let woken = retry.notified();
+                tokio::pin!(woken);
                 loop {
                     tokio::select! {
                         job = rx.recv() => match job {
@@ -328,6 +339,7 @@ async fn connection_slot(
                             None => return,
                         },
                         _ = tokio::time::sleep_until(until) => break,
+                        _ = &mut woken => break,
                     }
                 }
                 eager = true;

@@ -289,7 +289,12 @@ fn auto_eject_reroutes_then_restores() {
         let _ = c.set(&key, b"v");
         thread::sleep(Duration::from_millis(50));
     }
-    assert_eq!(c.set(&key, b"home"), "STORED\r\n");
+    // Back in the placement; its connection is re-established on demand.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.set(&key, b"home") != "STORED\r\n" {
+        assert!(Instant::now() < deadline, "the restored server never took its key back");
+        thread::sleep(Duration::from_millis(20));
+    }
     assert!(mc[0].holds(&key));
 }
 
