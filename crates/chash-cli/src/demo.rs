@@ -1,319 +1,631 @@
-//! `chash demo`: the seeds' experiment in one command. Keys are written to
-//! in-process cache shards through the ring; then a shard leaves and one
-//! joins, and the tables show what moved and what a client would miss,
-//! beside `hash % n` on the same keys.
+//! `chash demo`: the seeds' experiment on a real running system.
+//!
+//! In-process cache shards (memcached protocol, on loopback ports) with
+//! different weights sit behind the proxy; a workload of keys is written and
+//! read through the proxy over TCP. Then a shard leaves and one joins, while
+//! a second pool on the same kind of shards does the same under `hash % n`,
+//! and the hit rates a client sees right after each change are compared.
+//! Finally the same servers run under every distribution chash has. The
+//! terminal gets tables; an HTML report with SVG charts gets written.
 
-use std::collections::HashSet;
-use std::io::{self, Write};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::io::{self, IsTerminal, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Instant;
 
-use anyhow::Result;
-use chash::algo::{Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_BALANCE_FACTOR};
-use chash::analysis::{ownership, sample_load, sampling_floor_cv, Balance};
-use chash::{KeyHasher, Node, Placement, Ring};
+use anyhow::{bail, Context, Result};
+use chash::analysis::{sampling_floor_cv, Balance};
+use chash::config::{Distribution, Pool, Snapshot};
+use chash::{Node, ServerLine};
+use chash_proxy::backend::Address;
+use chash_proxy::embedded::{start_shard, Shard};
+use chash_proxy::proxy::PoolSpec;
+use chash_proxy::ProxyOptions;
 use clap::Args;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::svg::{bar_chart, esc, grouped_bars, ring_diagram, Bar};
 
 #[derive(Args, Debug)]
 #[command(after_help = "\
-The demo runs in-process: four cache shards with weights 1, 2, 1 and 4, a
-workload of --keys keys written through the ring, then one shard leaving and
-one joining. It prints what moved and the cache hit rate a client would see
-right after each change, for chash's ring and for `hash % n`.")]
+Four in-process cache shards (weights 1, 2, 1, 4) behind the proxy, a workload
+of --keys keys written and read through it over TCP, then shard-c leaving and
+shard-e (weight 1) joining. A second pool on its own shards does the same with
+`hash % n` (twemproxy's modula). Then the same servers under every
+distribution. Writes an HTML report with charts (--report).")]
 pub struct DemoArgs {
     /// Keys in the workload.
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(100..=10_000_000))]
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(100..=2_000_000))]
     keys: u32,
+
+    /// Where to write the HTML report.
+    #[arg(long, value_name = "FILE", default_value = "chash-demo-report.html")]
+    report: PathBuf,
 }
 
-/// An in-process cache shard: the keys it holds.
-struct Shard {
-    id: String,
-    held: HashSet<Vec<u8>>,
+const SPEC: [(&str, u32); 4] = [("shard-a", 1), ("shard-b", 2), ("shard-c", 1), ("shard-d", 4)];
+const LEAVING: &str = "shard-c";
+const JOINING: (&str, u32) = ("shard-e", 1);
+
+/// Progress on standard error when it is a terminal.
+struct Progress {
+    on: bool,
+    started: Instant,
 }
 
-/// Writes every key to the shard `owner(key)` names.
-fn fill(shards: &mut [Shard], keys: &[Vec<u8>], owner: impl Fn(&[u8]) -> usize) {
-    for s in shards.iter_mut() {
-        s.held.clear();
+impl Progress {
+    fn step(&self, what: &str) {
+        if self.on {
+            eprint!("\r\x1b[2K  … {what} ({:.1} s)", self.started.elapsed().as_secs_f64());
+            let _ = io::stderr().flush();
+        }
     }
-    for k in keys {
-        shards[owner(k)].held.insert(k.clone());
-    }
-}
 
-/// Share of `keys` that `owner` sends to a shard that still holds them.
-fn hit_rate<'r>(shards: &[Shard], keys: &[Vec<u8>], owner: impl Fn(&[u8]) -> Option<&'r str>) -> f64 {
-    let hits = keys
-        .iter()
-        .filter(|k| owner(k).and_then(|id| shards.iter().find(|s| s.id == id)).is_some_and(|s| s.held.contains(*k)))
-        .count();
-    hits as f64 / keys.len() as f64
+    fn done(&self) {
+        if self.on {
+            eprint!("\r\x1b[2K");
+        }
+    }
 }
 
 fn pct(x: f64) -> String {
     format!("{:.2}%", 100.0 * x)
 }
 
-/// Share of `keys` whose owner's id differs between `a` and `b`.
-fn moved_share<P: Placement, Q: Placement>(a: &P, b: &Q, keys: &[Vec<u8>]) -> f64 {
-    let moved = keys.iter().filter(|k| a.node_for(k).map(Node::id) != b.node_for(k).map(Node::id)).count();
-    moved as f64 / keys.len() as f64
+pub fn run(args: DemoArgs) -> Result<()> {
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    runtime.block_on(demo(args))
 }
 
-/// Balance of `p` over `keys`, per unit of each node's weight.
-fn balance_of<P: Placement>(p: &P, keys: &[Vec<u8>]) -> Balance {
-    let load = sample_load(p, keys);
-    let weights: Vec<u32> = p.nodes().iter().map(Node::weight).collect();
-    Balance::of(&load.iter().map(|&c| c as f64).collect::<Vec<_>>(), &weights)
+/// One pool of the demo: its shards by id and where the proxy serves it.
+struct Cluster {
+    addr: SocketAddr,
+    shards: HashMap<String, Shard>,
 }
 
-/// One row of the table in section 4: balance before, keys moved on the leave and the join.
-fn table_row(out: &mut impl Write, name: &str, b: Balance, leave: f64, join: f64) -> io::Result<()> {
-    writeln!(out, "   {:<34} {:>8.4} {:>10.3} {:>14} {:>14}", name, b.cv, b.peak_over_mean, pct(leave), pct(join))
+impl Cluster {
+    fn items(&self, id: &str) -> usize {
+        self.shards.get(id).map_or(0, |s| s.store.items())
+    }
 }
 
-/// Section 4's rows for the other algorithms: the same shards, `leaving`
-/// leaves, then cache-e (weight 1) joins. Algorithms without weights run on
-/// the same shards at weight 1; jump can only lose its last node.
-fn algorithm_rows(out: &mut impl Write, spec: &[(&str, u32)], leaving: &str, keys: &[Vec<u8>]) -> Result<()> {
-    let weighted = || spec.iter().map(|&(id, w)| Node::new(id, w)).collect::<chash::Result<Vec<_>>>();
-    let equal = || spec.iter().map(|&(id, _)| Node::new(id, 1)).collect::<chash::Result<Vec<_>>>();
-    let newcomer = || Node::new("cache-e", 1);
+async fn pool_spec(
+    name: &'static str,
+    distribution: Distribution,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> Result<(PoolSpec, HashMap<String, Shard>)> {
+    let mut shards = HashMap::new();
+    let mut addresses = HashMap::new();
+    for (id, _) in SPEC.iter().chain([&JOINING]) {
+        let shard = start_shard(256 << 20, stop.clone()).await.context("cannot start a shard")?;
+        addresses.insert((*id).to_owned(), Address::Tcp(shard.addr.to_string()));
+        shards.insert((*id).to_owned(), shard);
+    }
+    let servers =
+        SPEC.iter().map(|(id, w)| format!("{id}:{w}").parse::<ServerLine>()).collect::<chash::Result<Vec<_>>>()?;
+    let mut pool = Pool::from_servers(servers);
+    pool.name = name.into();
+    pool.distribution = distribution;
+    pool.file.listen = Some("127.0.0.1:0".into());
+    Ok((PoolSpec { config: pool, addresses }, shards))
+}
 
-    let r = Rendezvous::new(weighted()?)?;
-    let left = r.without_node(leaving)?;
-    let joined = left.with_node(newcomer()?)?;
-    table_row(
-        out,
-        "rendezvous",
-        balance_of(&r, keys),
-        moved_share(&r, &left, keys),
-        moved_share(&left, &joined, keys),
-    )?;
-
-    let m = Maglev::new(weighted()?)?;
-    let left = m.without_node(leaving)?;
-    let joined = left.with_node(newcomer()?)?;
-    table_row(
-        out,
-        "maglev, table 65537",
-        balance_of(&m, keys),
-        moved_share(&m, &left, keys),
-        moved_share(&left, &joined, keys),
-    )?;
-
-    let j = Jump::new(equal()?)?;
-    let last = spec[spec.len() - 1].0;
-    let left = j.without_last();
-    let joined = left.with_node(newcomer()?)?;
-    table_row(
-        out,
-        &format!("jump (w=1; only {last} can leave)"),
-        balance_of(&j, keys),
-        moved_share(&j, &left, keys),
-        moved_share(&left, &joined, keys),
-    )?;
-
-    let a = Anchor::new(equal()?)?;
-    let left = a.without_node(leaving)?;
-    let joined = left.with_node(newcomer()?)?;
-    table_row(
-        out,
-        "anchor (w=1)",
-        balance_of(&a, keys),
-        moved_share(&a, &left, keys),
-        moved_share(&left, &joined, keys),
-    )?;
-
-    let mp = MultiProbe::new(equal()?)?;
-    let left = mp.without_node(leaving)?;
-    let joined = left.with_node(newcomer()?)?;
-    table_row(
-        out,
-        "multiprobe (w=1), 21 probes",
-        balance_of(&mp, keys),
-        moved_share(&mp, &left, keys),
-        moved_share(&left, &joined, keys),
-    )?;
-
-    // Bounded loads: every key acquires one unit of load, in order, and
-    // keeps it; a change re-places every key on the changed ring.
-    let place = |b: &Bounded| -> Vec<String> {
-        keys.iter().map(|k| b.acquire(k).map_or(String::new(), |i| b.nodes()[i].id().to_owned())).collect()
-    };
-    let ring = Ring::new(weighted()?)?;
-    let b = Bounded::new(ring.clone(), DEFAULT_BALANCE_FACTOR)?;
-    let before = place(&b);
-    let loads: Vec<f64> = b.loads().into_iter().map(|l| l as f64).collect();
-    let weights: Vec<u32> = spec.iter().map(|s| s.1).collect();
-    let left_ring = ring.without_node(leaving)?;
-    let after_leave = place(&Bounded::new(left_ring.clone(), DEFAULT_BALANCE_FACTOR)?);
-    let after_join = place(&Bounded::new(left_ring.with_node(newcomer()?)?, DEFAULT_BALANCE_FACTOR)?);
-    let changed =
-        |a: &[String], b: &[String]| a.iter().zip(b).filter(|(x, y)| x != y).count() as f64 / keys.len() as f64;
-    table_row(
-        out,
-        &format!("bounded, c = {DEFAULT_BALANCE_FACTOR}, 160 vnodes"),
-        Balance::of(&loads, &weights),
-        changed(&before, &after_leave),
-        changed(&after_leave, &after_join),
-    )?;
+/// Writes `keys` (value = key) through the proxy, pipelined over 4 connections.
+async fn set_all(addr: SocketAddr, keys: &[String]) -> Result<()> {
+    let parts: Vec<Vec<String>> = keys.chunks(keys.len().div_ceil(4).max(1)).map(<[String]>::to_vec).collect();
+    let tasks: Vec<_> = parts
+        .into_iter()
+        .map(|part| {
+            tokio::spawn(async move {
+                let stream = TcpStream::connect(addr).await?;
+                stream.set_nodelay(true)?;
+                let (r, mut w) = stream.into_split();
+                let mut r = BufReader::new(r);
+                let mut line = String::new();
+                for batch in part.chunks(500) {
+                    let mut req = Vec::new();
+                    for k in batch {
+                        req.extend_from_slice(format!("set {k} 0 0 {}\r\n{k}\r\n", k.len()).as_bytes());
+                    }
+                    w.write_all(&req).await?;
+                    for _ in batch {
+                        line.clear();
+                        r.read_line(&mut line).await?;
+                        if line != "STORED\r\n" {
+                            bail!("the proxy answered {line:?} to a set");
+                        }
+                    }
+                }
+                Ok::<(), anyhow::Error>(())
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await??;
+    }
     Ok(())
 }
 
-pub fn run(args: DemoArgs) -> Result<()> {
+/// Reads `keys` through the proxy; `true` for a hit. A hit must carry the
+/// key's own value.
+async fn get_all(addr: SocketAddr, keys: &[String]) -> Result<Vec<bool>> {
+    let size = keys.len().div_ceil(4).max(1);
+    let parts: Vec<Vec<String>> = keys.chunks(size).map(<[String]>::to_vec).collect();
+    let tasks: Vec<_> = parts
+        .into_iter()
+        .map(|part| {
+            tokio::spawn(async move {
+                let stream = TcpStream::connect(addr).await?;
+                stream.set_nodelay(true)?;
+                let (r, mut w) = stream.into_split();
+                let mut r = BufReader::new(r);
+                let mut hits = Vec::with_capacity(part.len());
+                let mut line = String::new();
+                for batch in part.chunks(500) {
+                    let mut req = Vec::new();
+                    for k in batch {
+                        req.extend_from_slice(format!("get {k}\r\n").as_bytes());
+                    }
+                    w.write_all(&req).await?;
+                    for k in batch {
+                        line.clear();
+                        r.read_line(&mut line).await?;
+                        if line == "END\r\n" {
+                            hits.push(false);
+                            continue;
+                        }
+                        let len: usize =
+                            line.split_whitespace().nth(3).and_then(|l| l.parse().ok()).context("bad VALUE line")?;
+                        let mut data = vec![0u8; len + 2];
+                        r.read_exact(&mut data).await?;
+                        if &data[..len] != k.as_bytes() {
+                            bail!("the proxy returned another key's value for {k}");
+                        }
+                        line.clear();
+                        r.read_line(&mut line).await?;
+                        hits.push(true);
+                    }
+                }
+                Ok::<Vec<bool>, anyhow::Error>(hits)
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(keys.len());
+    for t in tasks {
+        all.extend(t.await??);
+    }
+    Ok(all)
+}
+
+fn hit_rate(hits: &[bool]) -> f64 {
+    hits.iter().filter(|&&h| h).count() as f64 / hits.len() as f64
+}
+
+/// Misses of `hits` (the keys a cache would now refill).
+fn missed(keys: &[String], hits: &[bool]) -> Vec<String> {
+    keys.iter().zip(hits).filter(|(_, &h)| !h).map(|(k, _)| k.clone()).collect()
+}
+
+/// Everything the report shows.
+struct Results {
+    keys: usize,
+    per_shard: Vec<(String, u32, f64, f64, usize)>,
+    ring_arcs: Vec<(f64, f64, usize)>,
+    balance: Balance,
+    leave_moved: usize,
+    leave_from_leaving: usize,
+    leaving_held: usize,
+    leave_exact: f64,
+    leave_hits: (f64, f64),
+    join_moved: usize,
+    join_on_new: usize,
+    join_fair: f64,
+    join_exact: f64,
+    join_hits: (f64, f64),
+    algorithms: Vec<AlgoRow>,
+}
+
+struct AlgoRow {
+    name: String,
+    note: String,
+    cv: f64,
+    peak: f64,
+    leave: f64,
+    join: f64,
+}
+
+async fn demo(args: DemoArgs) -> Result<()> {
+    let started = Instant::now();
+    let progress = Progress { on: io::stderr().is_terminal(), started };
     let out = &mut io::stdout().lock();
-    let n_keys = args.keys as usize;
-    let spec = [("cache-a", 1u32), ("cache-b", 2), ("cache-c", 1), ("cache-d", 4)];
-    let nodes = spec.iter().map(|&(id, w)| Node::new(id, w)).collect::<chash::Result<Vec<_>>>()?;
-    let ring = Ring::new(nodes)?;
-    let keys: Vec<Vec<u8>> = (0..n_keys).map(|i| format!("user:{i}").into_bytes()).collect();
-    let mut shards: Vec<Shard> = spec.iter().map(|&(id, _)| Shard { id: id.into(), held: HashSet::new() }).collect();
+    let n = args.keys as usize;
+    let keys: Vec<String> = (0..n).map(|i| format!("user:{i}")).collect();
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+
+    progress.step("starting 10 cache shards and the proxy");
+    let (ring_spec, ring_shards) = pool_spec("ring", Distribution::Ring, &stop_rx).await?;
+    let (mod_spec, mod_shards) = pool_spec("modula", Distribution::Modula, &stop_rx).await?;
+    let ring_config = ring_spec.config.clone();
+    let running =
+        chash_proxy::start(vec![ring_spec, mod_spec], ProxyOptions::default()).await.map_err(anyhow::Error::msg)?;
+    let ring = Cluster { addr: running.listeners[0].1, shards: ring_shards };
+    let modula = Cluster { addr: running.listeners[1].1, shards: mod_shards };
+    let ring_pool = running.proxy.pool("ring").context("ring pool")?;
+    let mod_pool = running.proxy.pool("modula").context("modula pool")?;
 
     writeln!(
         out,
-        "chash demo: {} keys on 4 in-process cache shards (native ring, xxh3, 160 vnodes per weight)\n",
-        n_keys
+        "chash demo: {n} keys through the proxy (127.0.0.1:{}) onto 4 in-process cache shards; ring: chash's native ring (xxh3, 160 vnodes per weight)\n",
+        ring.addr.port()
     )?;
 
-    // 1. Load per shard against weight.
-    fill(&mut shards, &keys, |k| ring.locate(k).unwrap_or(0));
-    let share = ownership(&ring);
-    let total_w: u32 = spec.iter().map(|s| s.1).sum();
-    writeln!(out, "1. Keys per shard against weight")?;
+    // 1. Load per shard.
+    progress.step("writing the keys through the proxy");
+    set_all(ring.addr, &keys).await?;
+    set_all(modula.addr, &keys).await?;
+    let snapshot = ring_config.snapshot()?;
+    let share = snapshot.placement().ownership().unwrap_or_default();
+    let total_w: u32 = SPEC.iter().map(|s| s.1).sum();
+    let mut per_shard = Vec::new();
+    for (i, (id, w)) in SPEC.iter().enumerate() {
+        let fair = f64::from(*w) / f64::from(total_w);
+        per_shard.push(((*id).to_owned(), *w, fair, share.get(i).copied().unwrap_or(0.0), ring.items(id)));
+    }
+    let held: usize = per_shard.iter().map(|s| s.4).sum();
+    if held != n {
+        bail!("the shards hold {held} keys, {n} were written");
+    }
+    let balance = Balance::of(&per_shard.iter().map(|s| s.4 as f64).collect::<Vec<_>>(), &SPEC.map(|s| s.1));
+    progress.done();
+    writeln!(out, "1. Keys per shard against weight (written through the proxy, counted in each shard)")?;
     writeln!(
         out,
         "   {:<9} {:>6} {:>10} {:>12} {:>8} {:>10}",
         "shard", "weight", "fair share", "hash space", "keys", "key share"
     )?;
-    for (i, s) in shards.iter().enumerate() {
+    for (id, w, fair, space, count) in &per_shard {
         writeln!(
             out,
             "   {:<9} {:>6} {:>10} {:>12} {:>8} {:>10}",
-            s.id,
-            spec[i].1,
-            pct(f64::from(spec[i].1) / f64::from(total_w)),
-            pct(share[i]),
-            s.held.len(),
-            pct(s.held.len() as f64 / n_keys as f64)
+            id,
+            w,
+            pct(*fair),
+            pct(*space),
+            count,
+            pct(*count as f64 / n as f64)
         )?;
     }
-    let loads: Vec<f64> = shards.iter().map(|s| s.held.len() as f64).collect();
-    let weights: Vec<u32> = spec.iter().map(|s| s.1).collect();
-    let b = Balance::of(&loads, &weights);
-    writeln!(out, "   balance: CV {:.4}, peak/mean {:.3} (per unit of weight)\n", b.cv, b.peak_over_mean)?;
+    writeln!(
+        out,
+        "   balance: CV {:.4}, peak/mean {:.3} per unit of weight (160 vnodes give about 1/sqrt(160 x weight); the sampling floor for {n} keys is CV {:.4})\n",
+        balance.cv,
+        balance.peak_over_mean,
+        sampling_floor_cv(n as u64, SPEC.len())
+    )?;
 
     // 2. A shard leaves.
-    let leaving = "cache-c";
-    let after = ring.without_node(leaving)?;
-    let moved: Vec<(usize, usize)> = keys
-        .iter()
-        .filter_map(|k| {
-            let (from, to) = (ring.locate(k)?, after.locate(k)?);
-            (ring.nodes()[from].id() != after.nodes()[to].id()).then_some((from, to))
-        })
-        .collect();
-    let from_leaving = moved.iter().filter(|(f, _)| ring.nodes()[*f].id() == leaving).count();
-    let ring_hits = hit_rate(&shards, &keys, |k| after.node_for(k).map(Node::id));
-    // hash % n on the same keys: fill as 4 shards, then route with 3.
-    let modulo = |k: &[u8], n: usize| (KeyHasher::Xxh3.hash(k) % n as u64) as usize;
-    let mut mod_shards: Vec<Shard> =
-        spec.iter().map(|&(id, _)| Shard { id: id.into(), held: HashSet::new() }).collect();
-    fill(&mut mod_shards, &keys, |k| modulo(k, 4));
-    let remaining: Vec<&str> = spec.iter().map(|s| s.0).filter(|id| *id != leaving).collect();
-    let mod_hits = hit_rate(&mod_shards, &keys, |k| Some(remaining[modulo(k, 3)]));
-    writeln!(out, "2. {leaving} leaves")?;
+    progress.step(&format!("{LEAVING} leaves; reading every key back"));
+    let leaving_held = ring.items(LEAVING);
+    let leave_change = ring_pool.remove_server(LEAVING).map_err(anyhow::Error::msg)?;
+    mod_pool.remove_server(LEAVING).map_err(anyhow::Error::msg)?;
+    let ring_hits = get_all(ring.addr, &keys).await?;
+    let mod_hits = get_all(modula.addr, &keys).await?;
+    let ring_missed = missed(&keys, &ring_hits);
+    // The missed keys are exactly the ones the leaving shard held.
+    let leaving_store = &ring.shards[LEAVING].store;
+    let from_leaving = ring_missed.iter().filter(|k| store_has(leaving_store, k)).count();
+    progress.step("refilling the missed keys");
+    set_all(ring.addr, &ring_missed).await?;
+    set_all(modula.addr, &missed(&keys, &mod_hits)).await?;
+    let leave_hits = (hit_rate(&ring_hits), hit_rate(&mod_hits));
+    let leave_moved = ring_missed.len();
+    progress.done();
+    writeln!(out, "2. {LEAVING} leaves (the admin API's remove, live)")?;
     writeln!(
         out,
-        "   ring: {} keys moved ({}), {} of them from {leaving} (it held {})",
-        moved.len(),
-        pct(moved.len() as f64 / n_keys as f64),
+        "   ring: {} keys moved ({}), {} of them from {LEAVING}, which held {}; the proxy reported {} of the key space moved",
+        ring_missed.len(),
+        pct(ring_missed.len() as f64 / n as f64),
         from_leaving,
-        shards[2].held.len()
+        leaving_held,
+        pct(leave_change.moved_fraction)
     )?;
-    writeln!(out, "   cache hit rate right after:  ring {}   hash % n {}\n", pct(ring_hits), pct(mod_hits))?;
+    writeln!(out, "   cache hit rate right after:  ring {}   hash % n {}\n", pct(leave_hits.0), pct(leave_hits.1))?;
 
     // 3. A shard joins.
-    let joined = after.with_node(Node::new("cache-e", 1)?)?;
-    let mut to_new = 0usize;
-    let mut elsewhere = 0usize;
-    for k in &keys {
-        let (before, now) = (after.node_for(k).map(Node::id), joined.node_for(k).map(Node::id));
-        if before != now {
-            if now == Some("cache-e") {
-                to_new += 1;
-            } else {
-                elsewhere += 1;
-            }
-        }
-    }
-    let w_after: u32 = after.nodes().iter().map(Node::weight).sum();
-    writeln!(out, "3. cache-e (weight 1) joins")?;
+    progress.step(&format!("{} joins; reading every key back", JOINING.0));
+    let joining_line: ServerLine = format!("{}:{}", JOINING.0, JOINING.1).parse()?;
+    let join_change = ring_pool.add_server(joining_line.clone()).map_err(anyhow::Error::msg)?;
+    mod_pool.add_server(joining_line).map_err(anyhow::Error::msg)?;
+    let ring_hits = get_all(ring.addr, &keys).await?;
+    let mod_hits = get_all(modula.addr, &keys).await?;
+    let ring_missed = missed(&keys, &ring_hits);
+    set_all(ring.addr, &ring_missed).await?;
+    let join_on_new = ring.items(JOINING.0);
+    let w_after: u32 = SPEC.iter().filter(|s| s.0 != LEAVING).map(|s| s.1).sum::<u32>() + JOINING.1;
+    let join_fair = f64::from(JOINING.1) / f64::from(w_after);
+    let join_hits = (hit_rate(&ring_hits), hit_rate(&mod_hits));
+    progress.done();
+    writeln!(out, "3. {} (weight {}) joins (the admin API's add, live)", JOINING.0, JOINING.1)?;
     writeln!(
         out,
-        "   {} keys moved ({}), all to cache-e: {}; its fair share is 1/{} = {}",
-        to_new + elsewhere,
-        pct((to_new + elsewhere) as f64 / n_keys as f64),
-        if elsewhere == 0 { "yes" } else { "NO" },
-        w_after + 1,
-        pct(1.0 / f64::from(w_after + 1))
+        "   ring: {} keys moved ({}); after refilling them {} holds {} keys: {}; its fair share is {}/{w_after} = {}",
+        ring_missed.len(),
+        pct(ring_missed.len() as f64 / n as f64),
+        JOINING.0,
+        join_on_new,
+        if join_on_new == ring_missed.len() { "every moved key went to it" } else { "NOT only the moved keys" },
+        JOINING.1,
+        pct(join_fair)
     )?;
-    let mut mod_after: Vec<Shard> = remaining.iter().map(|&id| Shard { id: id.into(), held: HashSet::new() }).collect();
-    fill(&mut mod_after, &keys, |k| modulo(k, 3));
-    let grown: Vec<&str> = remaining.iter().copied().chain(["cache-e"]).collect();
-    let mod_join_hits = hit_rate(&mod_after, &keys, |k| Some(grown[modulo(k, 4)]));
-    fill(&mut shards, &keys, |k| {
-        after.locate(k).map_or(0, |i| spec.iter().position(|s| s.0 == after.nodes()[i].id()).unwrap_or(0))
-    });
-    let ring_join_hits = hit_rate(&shards, &keys, |k| joined.node_for(k).map(Node::id));
-    writeln!(out, "   cache hit rate right after:  ring {}   hash % n {}\n", pct(ring_join_hits), pct(mod_join_hits))?;
+    writeln!(out, "   cache hit rate right after:  ring {}   hash % n {}\n", pct(join_hits.0), pct(join_hits.1))?;
 
-    // 4. The trade-off of the ring's one knob.
-    writeln!(out, "4. Balance and movement by placement (same shards, {} keys)", n_keys)?;
+    let _ = stop.send(true);
+    running.shutdown().await;
+
+    // 4. Every distribution on the same servers.
+    progress.step("comparing the distributions");
+    let algorithms = compare(&keys)?;
+    progress.done();
     writeln!(
         out,
-        "   {:<34} {:>8} {:>10} {:>14} {:>14}",
-        "placement", "CV", "peak/mean", "moved on leave", "moved on join"
+        "4. The same servers under every distribution ({n} keys; {LEAVING} leaves, then {} joins)",
+        JOINING.0
     )?;
-    for vnodes in [10u32, 40, 160, 640] {
-        let nodes = spec.iter().map(|&(id, w)| Node::new(id, w)).collect::<chash::Result<Vec<_>>>()?;
-        let r = Ring::builder().vnodes(vnodes).build(nodes)?;
-        let load = sample_load(&r, &keys);
-        let b = Balance::of(&load.iter().map(|&c| c as f64).collect::<Vec<_>>(), &weights);
-        let left = r.without_node(leaving)?;
-        let joined = left.with_node(Node::new("cache-e", 1)?)?;
-        let moved_leave = keys.iter().filter(|k| r.node_for(k).map(Node::id) != left.node_for(k).map(Node::id)).count();
-        let moved_join =
-            keys.iter().filter(|k| left.node_for(k).map(Node::id) != joined.node_for(k).map(Node::id)).count();
-        table_row(
+    writeln!(
+        out,
+        "   {:<36} {:>8} {:>10} {:>14} {:>14}",
+        "distribution", "CV", "peak/mean", "moved on leave", "moved on join"
+    )?;
+    for r in &algorithms {
+        writeln!(
             out,
-            &format!("ring, {vnodes} vnodes"),
-            b,
-            moved_leave as f64 / n_keys as f64,
-            moved_join as f64 / n_keys as f64,
+            "   {:<36} {:>8.4} {:>10.3} {:>14} {:>14}",
+            format!("{}{}", r.name, r.note),
+            r.cv,
+            r.peak,
+            pct(r.leave),
+            pct(r.join)
         )?;
     }
-    algorithm_rows(out, &spec, leaving, &keys)?;
-    let mod_leave = keys.iter().filter(|k| spec[modulo(k, 4)].0 != remaining[modulo(k, 3)]).count();
-    let mod_join = keys.iter().filter(|k| remaining[modulo(k, 3)] != grown[modulo(k, 4)]).count();
     writeln!(
         out,
-        "   {:<34} {:>8} {:>10} {:>14} {:>14}",
-        "hash % n",
-        "(equal)",
-        "",
-        pct(mod_leave as f64 / n_keys as f64),
-        pct(mod_join as f64 / n_keys as f64)
+        "   optimal movement: {} on leave and {} on join with the weights, 25.00% for both with weights 1;\n   \
+         CV is per unit of weight; the sampling floor for {n} keys on 4 equal shards is CV {:.4}\n",
+        pct(f64::from(SPEC[2].1) / f64::from(total_w)),
+        pct(join_fair),
+        sampling_floor_cv(n as u64, 4)
     )?;
-    writeln!(
-        out,
-        "   (the sampling floor for {} keys on 4 equal shards is CV {:.4}; CV and peak/mean are per unit of\n   \
-         weight; the optimum is {} on the leave ({leaving}'s share) and {} on the join, and 25.00% for\n   \
-         both at weight 1 (w=1); jump's leave is cache-d's)",
-        n_keys,
-        sampling_floor_cv(n_keys as u64, 4),
-        pct(f64::from(spec[2].1) / f64::from(total_w)),
-        pct(1.0 / f64::from(total_w - spec[2].1 + 1)),
-    )?;
-    out.flush()?;
+
+    let results = Results {
+        keys: n,
+        per_shard,
+        balance,
+        leave_moved,
+        ring_arcs: ring_arcs(&snapshot),
+        leave_from_leaving: from_leaving,
+        leaving_held,
+        leave_exact: leave_change.moved_fraction,
+        leave_hits,
+        join_moved: ring_missed.len(),
+        join_on_new,
+        join_fair,
+        join_exact: join_change.moved_fraction,
+        join_hits,
+        algorithms,
+    };
+    let html = report(&results);
+    std::fs::write(&args.report, html).with_context(|| format!("cannot write {}", args.report.display()))?;
+    let path = std::fs::canonicalize(&args.report).unwrap_or(args.report.clone());
+    writeln!(out, "Report: {}  ({:.1} s)", path.display(), started.elapsed().as_secs_f64())?;
     Ok(())
+}
+
+fn store_has(store: &chash_proxy::embedded::Store, key: &str) -> bool {
+    let mut out = bytes::BytesMut::new();
+    store.execute(
+        &chash_proxy::memcache::Request::Retrieval {
+            cmd: chash_proxy::memcache::RetrievalCmd::Get,
+            exptime: 0,
+            keys: vec![bytes::Bytes::copy_from_slice(key.as_bytes())],
+        },
+        &mut out,
+    );
+    out.starts_with(b"VALUE")
+}
+
+/// The servers of the demo under one distribution, `shard-c` leaving and
+/// `shard-e` joining, by each algorithm's own change.
+fn compare(keys: &[String]) -> Result<Vec<AlgoRow>> {
+    let mut rows = Vec::new();
+    for (dist, hash) in [
+        ("ring", "xxh3"),
+        ("ketama", "md5"),
+        ("modula", "xxh3"),
+        ("nginx", "crc32a"),
+        ("rendezvous", "xxh3"),
+        ("maglev", "xxh3"),
+        ("jump", "xxh3"),
+        ("anchor", "xxh3"),
+        ("multiprobe", "xxh3"),
+        ("bounded", "xxh3"),
+    ] {
+        let distribution: Distribution = dist.parse()?;
+        let weighted = !matches!(distribution, Distribution::Jump | Distribution::Anchor | Distribution::Multiprobe);
+        let servers = SPEC
+            .iter()
+            .map(|(id, w)| format!("{id}:{}", if weighted { *w } else { 1 }).parse::<ServerLine>())
+            .collect::<chash::Result<Vec<_>>>()?;
+        let mut pool = Pool::from_servers(servers);
+        pool.distribution = distribution;
+        pool.hash = hash.parse()?;
+        let before = pool.snapshot()?;
+        let mut note = String::new();
+        if !weighted {
+            note.push_str(" (weights 1)");
+        }
+        let left = if distribution == Distribution::Jump {
+            // Jump can only lose its last bucket.
+            note.push_str(&format!(", {} leaves", SPEC[SPEC.len() - 1].0));
+            before.without_node(SPEC[SPEC.len() - 1].0)?
+        } else {
+            before.without_node(LEAVING)?
+        };
+        let joined = left.with_node(Node::new(JOINING.0, JOINING.1)?)?;
+        let load = count(&before, keys);
+        let weights: Vec<u32> = before.nodes().iter().map(Node::weight).collect();
+        let b = Balance::of(&load, &weights);
+        rows.push(AlgoRow {
+            name: dist.into(),
+            note,
+            cv: b.cv,
+            peak: b.peak_over_mean,
+            leave: moved(&before, &left, keys),
+            join: moved(&left, &joined, keys),
+        });
+    }
+    Ok(rows)
+}
+
+/// The ring's arcs as fractions of the hash space, with their owners.
+fn ring_arcs(s: &Snapshot) -> Vec<(f64, f64, usize)> {
+    use chash::PointRing;
+    let chash::config::AnyPlacement::Ring(ring) = s.placement() else { return Vec::new() };
+    let hashes = ring.point_hashes();
+    let space = 2f64.powi(ring.space_bits() as i32);
+    let mut arcs = Vec::with_capacity(hashes.len() + 1);
+    let mut prev = 0.0;
+    for (pos, &h) in hashes.iter().enumerate() {
+        let at = h as f64 / space;
+        arcs.push((prev, at, ring.point_owner(pos)));
+        prev = at;
+    }
+    if !hashes.is_empty() {
+        arcs.push((prev, 1.0, ring.point_owner(0)));
+    }
+    arcs
+}
+
+fn count(s: &Snapshot, keys: &[String]) -> Vec<f64> {
+    let mut c = vec![0.0; s.nodes().len()];
+    for k in keys {
+        if let Some(i) = s.route_index(k.as_bytes()) {
+            c[i] += 1.0;
+        }
+    }
+    c
+}
+
+fn moved(a: &Snapshot, b: &Snapshot, keys: &[String]) -> f64 {
+    keys.iter().filter(|k| a.route(k.as_bytes()) != b.route(k.as_bytes())).count() as f64 / keys.len() as f64
+}
+
+fn report(r: &Results) -> String {
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>chash demo</title><style>\
+         body{{font-family:sans-serif;max-width:900px;margin:2em auto;color:#222}}\
+         table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}\
+         th{{background:#f4f4f4}}td:first-child,th:first-child{{text-align:left}}.note{{color:#555}}</style></head><body>\
+         <h1>chash demo</h1><p class=\"note\">{} keys written and read through the chash proxy over TCP, onto in-process \
+         cache shards with weights 1, 2, 1 and 4; chash's native ring (xxh3, 160 vnodes per unit of weight) against \
+         <code>hash % n</code> (twemproxy's modula) on its own shards.</p>",
+        r.keys
+    );
+    // 1.
+    let bars: Vec<Bar> = r
+        .per_shard
+        .iter()
+        .map(|(id, w, fair, _, count)| Bar {
+            label: format!("{id} (w{w})"),
+            value: 100.0 * *count as f64 / r.keys as f64,
+            target: Some(100.0 * fair),
+        })
+        .collect();
+    let _ = write!(h, "<h2>1. Keys per shard against weight</h2>{}", bar_chart("Share of keys per shard", "%", &bars));
+    h.push_str("<table><tr><th>shard</th><th>weight</th><th>fair share</th><th>hash space</th><th>keys</th><th>key share</th></tr>");
+    for (id, w, fair, space, count) in &r.per_shard {
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td>{w}</td><td>{}</td><td>{}</td><td>{count}</td><td>{}</td></tr>",
+            esc(id),
+            pct(*fair),
+            pct(*space),
+            pct(*count as f64 / r.keys as f64)
+        );
+    }
+    let _ = write!(
+        h,
+        "</table><p>Balance per unit of weight: CV {:.4}, peak/mean {:.3}.</p>",
+        r.balance.cv, r.balance.peak_over_mean
+    );
+    let names: Vec<String> = r.per_shard.iter().map(|s| format!("{} (weight {})", s.0, s.1)).collect();
+    let _ =
+        write!(h, "{}", ring_diagram("The ring: each arc coloured by the shard that owns it", &r.ring_arcs, &names));
+    // 2 and 3.
+    let _ = write!(
+        h,
+        "<h2>2. {LEAVING} leaves, 3. {} joins</h2><p>Leaving: {} keys missed, {} of the key space moved (the \
+         proxy's exact figure); every key that missed was one {LEAVING} held ({} of {}). Joining: {} moved; {} keys \
+         moved and {} now holds exactly {} keys, against a fair share of {}.</p>",
+        JOINING.0,
+        r.leave_moved,
+        pct(r.leave_exact),
+        r.leave_from_leaving,
+        r.leaving_held,
+        pct(r.join_exact),
+        r.join_moved,
+        JOINING.0,
+        r.join_on_new,
+        pct(r.join_fair)
+    );
+    let _ = write!(
+        h,
+        "{}",
+        grouped_bars(
+            "Cache hit rate right after the change",
+            "%",
+            &[format!("{LEAVING} leaves"), format!("{} joins", JOINING.0)],
+            &[
+                ("chash ring".into(), vec![100.0 * r.leave_hits.0, 100.0 * r.join_hits.0]),
+                ("hash % n".into(), vec![100.0 * r.leave_hits.1, 100.0 * r.join_hits.1]),
+            ],
+        )
+    );
+    // 4.
+    h.push_str("<h2>4. Every distribution on the same servers</h2><table><tr><th>distribution</th><th>CV</th><th>peak/mean</th><th>moved on leave</th><th>moved on join</th></tr>");
+    for a in &r.algorithms {
+        let _ = write!(
+            h,
+            "<tr><td>{}{}</td><td>{:.4}</td><td>{:.3}</td><td>{}</td><td>{}</td></tr>",
+            esc(&a.name),
+            esc(&a.note),
+            a.cv,
+            a.peak,
+            pct(a.leave),
+            pct(a.join)
+        );
+    }
+    h.push_str("</table>");
+    let names: Vec<String> = r.algorithms.iter().map(|a| a.name.clone()).collect();
+    let _ = write!(
+        h,
+        "{}",
+        grouped_bars(
+            "Keys moved by the change",
+            "%",
+            &names,
+            &[
+                ("leave".into(), r.algorithms.iter().map(|a| 100.0 * a.leave).collect()),
+                ("join".into(), r.algorithms.iter().map(|a| 100.0 * a.join).collect()),
+            ],
+        )
+    );
+    h.push_str("</body></html>\n");
+    h
 }

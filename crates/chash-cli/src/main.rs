@@ -11,6 +11,7 @@ mod hash;
 mod keys;
 mod proxy;
 mod route;
+mod svg;
 
 /// Consistent hashing: place keys on servers exactly as twemproxy,
 /// libmemcached and nginx do, or on chash's own ring.

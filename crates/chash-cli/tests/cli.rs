@@ -146,25 +146,38 @@ fn help_and_version() {
     assert!(stdout(&o).starts_with("chash "));
 }
 
-/// The demo's numbers agree with each other and with the weights.
+/// The demo's numbers agree with each other and with the weights, and it
+/// writes its report.
 #[test]
 fn demo_is_consistent() {
-    let o = chash(&["demo", "--keys", "5000"], b"");
+    let report = std::env::temp_dir().join(format!("chash-demo-{}.html", std::process::id()));
+    let o = chash(&["demo", "--keys", "5000", "--report", report.to_str().unwrap()], b"");
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
+    let numbers = |line: &str| -> Vec<u64> {
+        line.split(|c: char| !c.is_ascii_digit() && c != '.').filter_map(|w| w.parse::<u64>().ok()).collect()
+    };
     // Leaving: every moved key came from the shard that left, and it held exactly those.
-    let leave = out.lines().find(|l| l.contains("keys moved") && l.contains("from cache-c")).expect(&out);
-    let nums: Vec<u64> =
-        leave.split(|c: char| !c.is_ascii_digit() && c != '.').filter_map(|w| w.parse::<u64>().ok()).collect();
+    let leave = out.lines().find(|l| l.contains("keys moved") && l.contains("from shard-c")).expect(&out);
+    let nums = numbers(leave);
     assert_eq!(nums[0], nums[1], "{leave}");
-    assert_eq!(nums[1], *nums.last().unwrap(), "{leave}");
-    assert!(out.contains("all to cache-e: yes"), "{out}");
+    assert_eq!(nums[1], nums[2], "{leave}");
+    // Joining: the new shard holds exactly the keys that moved.
+    let join = out.lines().find(|l| l.contains("keys moved") && l.contains("shard-e holds")).expect(&out);
+    assert!(join.contains("every moved key went to it"), "{join}");
     // Key shares follow weights 1:2:1:4 within a few points.
-    for (shard, fair) in [("cache-a", 12.5), ("cache-b", 25.0), ("cache-d", 50.0)] {
+    for (shard, fair) in [("shard-a", 12.5), ("shard-b", 25.0), ("shard-d", 50.0)] {
         let row = out.lines().find(|l| l.trim_start().starts_with(shard)).unwrap();
         let share: f64 = row.split_whitespace().last().unwrap().trim_end_matches('%').parse().unwrap();
         assert!((share - fair).abs() < 4.0, "{row}");
     }
+    // Hash % n loses far more of the cache than the ring when a shard leaves.
+    let hits = out.lines().find(|l| l.contains("cache hit rate right after")).unwrap();
+    let rates: Vec<f64> = hits.split_whitespace().filter_map(|w| w.trim_end_matches('%').parse().ok()).collect();
+    assert!(rates[0] > 80.0 && rates[1] < rates[0], "{hits}");
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(html.contains("<svg") && html.contains("Every distribution"), "report written");
+    let _ = std::fs::remove_file(&report);
     let bad = chash(&["demo", "--keys", "5"], b"");
     assert_eq!(bad.status.code(), Some(2));
 }

@@ -95,6 +95,11 @@ impl Store {
         }
     }
 
+    /// Items held now (expired ones not yet removed included).
+    pub fn items(&self) -> usize {
+        self.segments.iter().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len()).sum()
+    }
+
     fn segment(&self, key: &[u8]) -> std::sync::MutexGuard<'_, Cache<Bytes, Item, ItemWeight>> {
         let i = (chash::KeyHasher::Xxh3.hash(key) % SEGMENTS as u64) as usize;
         self.segments[i].lock().unwrap_or_else(|e| e.into_inner())
