@@ -79,6 +79,8 @@ pub fn bar_chart(title: &str, unit: &str, bars: &[Bar]) -> String {
     let slot = w / bars.len().max(1) as f64;
     for (i, b) in bars.iter().enumerate() {
         let bh = h * b.value / max;
+        // The value sits above the bar and above its target mark.
+        let label_y = top + h - bh.max(h * b.target.unwrap_or(0.0) / max) - 6.0;
         let x = left + slot * i as f64 + slot * 0.15;
         let bw = slot * 0.7;
         let _ = write!(
@@ -93,7 +95,7 @@ pub fn bar_chart(title: &str, unit: &str, bars: &[Bar]) -> String {
             top + h + 16.0,
             esc(&b.label),
             x + bw / 2.0,
-            top + h - bh - 4.0,
+            label_y,
             fmt_num(b.value),
             esc(unit)
         );
@@ -144,14 +146,17 @@ pub fn grouped_bars(title: &str, unit: &str, categories: &[String], series: &[(S
             let x = left + group * c as f64 + group * 0.1 + bw * s as f64;
             let _ = write!(
                 out,
-                r##"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{bh:.1}" fill="{}"><title>{} / {}: {}{}</title></rect>"##,
+                r##"<rect x="{x:.1}" y="{:.1}" width="{:.1}" height="{bh:.1}" fill="{}"><title>{} / {}: {}{}</title></rect><text x="{:.1}" y="{:.1}" font-size="10" text-anchor="middle" fill="#333">{}</text>"##,
                 top + h - bh,
                 bw * 0.92,
                 PALETTE[s % PALETTE.len()],
                 esc(cat),
                 esc(name),
                 fmt_num(v),
-                esc(unit)
+                esc(unit),
+                x + bw * 0.46,
+                top + h - bh - 4.0,
+                fmt_num(v)
             );
         }
         let _ = write!(
@@ -241,6 +246,7 @@ mod tests {
             &[("s1".into(), vec![1.0, 2.0]), ("s2".into(), vec![3.0, 4.0])],
         );
         assert_eq!(g.matches("<rect").count(), 4 + 2);
+        assert!(g.contains(">4.00<"), "values are printed on the bars");
         let r = ring_diagram("r", &[(0.0, 0.3, 0), (0.3, 1.0, 1)], &["n0".into(), "n1".into()]);
         assert_eq!(r.matches("<path").count(), 2);
     }
