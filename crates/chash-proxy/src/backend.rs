@@ -82,6 +82,9 @@ pub struct BackendSettings {
     pub preconnect: bool,
     /// Consecutive failures that make a server a candidate for ejection.
     pub failure_limit: u32,
+    /// RESP commands sent first on every new connection (Redis `AUTH` and
+    /// `SELECT`); each must be answered `+OK`.
+    pub init: Vec<Bytes>,
 }
 
 type ReplyTx = oneshot::Sender<Result<Reply, BackendError>>;
@@ -302,7 +305,19 @@ async fn connection_slot(
         }
         eager = false;
         match connect(&address, settings.timeout).await {
-            Ok((r, w)) => {
+            Ok((mut r, mut w)) => {
+                if let Err(why) = handshake(&mut r, &mut w, &settings).await {
+                    tracing::warn!(?address, "backend handshake failed: {why}");
+                    if let Some(s) = server.upgrade() {
+                        s.record_failure(&why);
+                    }
+                    if let Some(job) = first.take() {
+                        let _ = job.reply.send(Err(BackendError::Connect(why)));
+                    }
+                    tokio::time::sleep(RETRY_BACKOFF).await;
+                    eager = true;
+                    continue;
+                }
                 if let Some(s) = server.upgrade() {
                     s.record_connected();
                 }
@@ -345,6 +360,42 @@ async fn connection_slot(
                 eager = true;
             }
         }
+    }
+}
+
+/// Sends the connection's init commands and checks each is answered `+OK`.
+async fn handshake(r: &mut BoxRead, w: &mut BoxWrite, settings: &BackendSettings) -> Result<(), String> {
+    if settings.init.is_empty() {
+        return Ok(());
+    }
+    let exchange = async {
+        for cmd in &settings.init {
+            w.write_all(cmd).await.map_err(|e| e.to_string())?;
+        }
+        let mut buf = BytesMut::new();
+        let mut answered = 0;
+        while answered < settings.init.len() {
+            match crate::redis::resp::parse_reply(&mut buf) {
+                crate::redis::resp::Frame::Done(f) if f.starts_with(b"+") => answered += 1,
+                crate::redis::resp::Frame::Done(f) => {
+                    return Err(format!(
+                        "server refused the connection setup: {}",
+                        String::from_utf8_lossy(&f).trim_end()
+                    ))
+                }
+                crate::redis::resp::Frame::Invalid(e) => return Err(e),
+                crate::redis::resp::Frame::Incomplete => {
+                    if r.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
+                        return Err("server closed the connection during setup".into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(settings.timeout.unwrap_or(Duration::from_secs(10)), exchange).await {
+        Ok(r) => r,
+        Err(_) => Err("connection setup timed out".into()),
     }
 }
 

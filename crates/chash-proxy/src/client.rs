@@ -25,13 +25,13 @@ use crate::pool::Pool;
 use crate::Shared;
 
 /// A reply in the making: `None` means nothing is written (noreply).
-type PendingReply = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
+pub(crate) type PendingReply = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
 
-fn ready(bytes: &'static [u8]) -> PendingReply {
+pub(crate) fn ready(bytes: &'static [u8]) -> PendingReply {
     Box::pin(std::future::ready(Some(Bytes::from_static(bytes))))
 }
 
-fn ready_owned(bytes: Bytes) -> PendingReply {
+pub(crate) fn ready_owned(bytes: Bytes) -> PendingReply {
     Box::pin(std::future::ready(Some(bytes)))
 }
 
@@ -39,10 +39,10 @@ fn server_error(server: &Server, e: &BackendError) -> Bytes {
     Bytes::from(format!("SERVER_ERROR backend {} {e}\r\n", server.id()))
 }
 
-static NEXT_CLIENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+pub(crate) static NEXT_CLIENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Requests a client may have outstanding before the proxy stops reading.
-const MAX_PIPELINE: usize = 1024;
+pub(crate) const MAX_PIPELINE: usize = 1024;
 
 /// Serves one client connection until it closes, quits, idles out, or the
 /// proxy shuts down (in-flight requests are answered first).
@@ -109,7 +109,7 @@ where
     let _ = writer.await;
 }
 
-async fn sleep_opt(d: Option<Duration>) {
+pub(crate) async fn sleep_opt(d: Option<Duration>) {
     match d {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
@@ -123,7 +123,10 @@ fn poll_now(f: &mut PendingReply) -> Poll<Option<Bytes>> {
     f.as_mut().poll(&mut cx)
 }
 
-async fn write_replies<W: AsyncWrite + Unpin>(w: &mut W, mut rx: mpsc::Receiver<PendingReply>) -> std::io::Result<()> {
+pub(crate) async fn write_replies<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    mut rx: mpsc::Receiver<PendingReply>,
+) -> std::io::Result<()> {
     let mut out = BytesMut::with_capacity(16 * 1024);
     loop {
         let mut next = match rx.try_recv() {

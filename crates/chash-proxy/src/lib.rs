@@ -4,6 +4,7 @@
 //!
 //! # Layout
 //! - [`memcache`]: the ASCII protocol, bytes to requests and replies.
+//! - [`redis`]: RESP2 framing, the command table, Redis client connections.
 //! - [`backend`]: servers and their pipelined connections, replies matched
 //!   to requests in order, fail-fast while a server is unreachable.
 //! - [`pool`]: a pool's members, health (ejection and retry) and the
@@ -24,6 +25,7 @@ pub mod embedded;
 pub mod memcache;
 pub mod pool;
 pub mod proxy;
+pub mod redis;
 pub mod stats;
 
 pub use pool::{Change, Pool, PoolError};

@@ -35,6 +35,12 @@ pub struct PoolSettings {
     pub client_connections: u64,
     /// Listen backlog (`backlog`, default 512).
     pub backlog: u32,
+    /// Whether the pool speaks Redis (`redis`).
+    pub redis: bool,
+    /// Password clients must send with `AUTH` (`redis_auth`).
+    pub redis_auth: Option<String>,
+    /// The database clients may `SELECT` (`redis_db`, default 0).
+    pub redis_db: u32,
 }
 
 impl PoolSettings {
@@ -48,13 +54,37 @@ impl PoolSettings {
                 timeout: f.timeout.filter(|&t| t > 0).map(Duration::from_millis),
                 preconnect: f.preconnect.unwrap_or(false),
                 failure_limit: f.server_failure_limit.unwrap_or(2).max(1),
+                init: redis_init(f),
             },
             auto_eject: f.auto_eject_hosts.unwrap_or(false),
             retry_timeout: Duration::from_millis(f.server_retry_timeout.unwrap_or(30_000)),
             client_connections: u64::from(f.client_connections.unwrap_or(0)),
             backlog: f.backlog.unwrap_or(512),
+            redis: f.redis == Some(true),
+            redis_auth: f.redis_auth.clone(),
+            redis_db: f.redis_db.unwrap_or(0),
         }
     }
+}
+
+/// `AUTH` and `SELECT` for every connection to a Redis pool's servers.
+fn redis_init(f: &chash::config::PoolFile) -> Vec<bytes::Bytes> {
+    if f.redis != Some(true) {
+        return Vec::new();
+    }
+    let mut init = Vec::new();
+    let mut frame = |args: &[&[u8]]| {
+        let mut out = bytes::BytesMut::new();
+        crate::redis::resp::encode_array(&mut out, args.iter().copied());
+        init.push(out.freeze());
+    };
+    if let Some(pw) = &f.redis_auth {
+        frame(&[b"AUTH", pw.as_bytes()]);
+    }
+    if let Some(db) = f.redis_db.filter(|&d| d > 0) {
+        frame(&[b"SELECT", db.to_string().as_bytes()]);
+    }
+    init
 }
 
 /// Why a server is not taking keys.

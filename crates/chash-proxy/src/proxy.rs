@@ -179,12 +179,6 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
     for spec in pools {
-        if spec.config.file.redis == Some(true) {
-            return Err(format!(
-                "pool {:?}: redis pools are not served by this version of chash-proxy (memcached pools are)",
-                spec.config.name
-            ));
-        }
         let pool = Pool::start(spec.config, spec.addresses).map_err(|e| e.to_string())?;
         let listener = bind(&pool.settings.listen, pool.settings.backlog)
             .map_err(|e| format!("pool {:?}: cannot listen on {}: {e}", pool.name, pool.settings.listen))?;
@@ -246,7 +240,11 @@ async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>
         let shared = shared.clone();
         let stop = stop.clone();
         tokio::spawn(async move {
-            client::serve(stream, pool.clone(), shared, stop).await;
+            if pool.settings.redis {
+                crate::redis::serve(stream, pool.clone(), shared, stop).await;
+            } else {
+                client::serve(stream, pool.clone(), shared, stop).await;
+            }
             pool.stats.curr_connections.fetch_sub(1, Relaxed);
         });
     }

@@ -11,6 +11,8 @@ pub enum ReplyKind {
     Line,
     /// Zero or more `VALUE` blocks, then `END`.
     Values,
+    /// One RESP frame (Redis pools), returned as [`Reply::Line`].
+    Resp,
 }
 
 /// One `VALUE` block of a retrieval reply.
@@ -80,6 +82,11 @@ pub fn parse_reply(buf: &mut BytesMut, kind: ReplyKind) -> ReplyParse {
             None => ReplyParse::Incomplete,
         },
         ReplyKind::Values => values_reply(buf),
+        ReplyKind::Resp => match crate::redis::resp::parse_reply(buf) {
+            crate::redis::resp::Frame::Done(f) => ReplyParse::Done(Reply::Line(f)),
+            crate::redis::resp::Frame::Incomplete => ReplyParse::Incomplete,
+            crate::redis::resp::Frame::Invalid(e) => ReplyParse::Invalid(e),
+        },
     }
 }
 

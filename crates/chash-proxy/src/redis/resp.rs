@@ -1,0 +1,286 @@
+//! RESP2 framing: client requests (arrays of bulk strings, or inline
+//! commands) and backend replies (any frame, kept as raw bytes).
+//!
+//! Cheap checks first: a frame is only taken from the buffer when it is
+//! complete; sizes are checked against limits before anything is buffered.
+
+use bytes::{Buf, Bytes, BytesMut};
+
+/// Limits on what a client may send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RespLimits {
+    /// Most arguments in one command.
+    pub max_args: usize,
+    /// Largest single argument (bulk string), in bytes.
+    pub max_bulk: usize,
+}
+
+impl Default for RespLimits {
+    /// 1,048,576 arguments; 64 MiB per argument.
+    fn default() -> Self {
+        RespLimits { max_args: 1 << 20, max_bulk: 64 << 20 }
+    }
+}
+
+/// A parsed client command: its arguments, the name first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Command {
+    /// Arguments, `args[0]` being the command name as sent.
+    pub args: Vec<Bytes>,
+}
+
+impl Command {
+    /// The command name in upper case.
+    pub fn name(&self) -> String {
+        String::from_utf8_lossy(&self.args[0]).to_ascii_uppercase()
+    }
+
+    /// The command as a RESP array of bulk strings.
+    pub fn encode(&self, out: &mut BytesMut) {
+        encode_array(out, self.args.iter().map(|a| &a[..]));
+    }
+}
+
+/// Appends a RESP array of bulk strings.
+pub fn encode_array<'a>(out: &mut BytesMut, items: impl ExactSizeIterator<Item = &'a [u8]>) {
+    out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+    for a in items {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// What the request parser made of the buffer's front.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    /// A command; its bytes were taken.
+    Command(Command),
+    /// Need more bytes.
+    Incomplete,
+    /// A protocol error: reply with it and close (the stream cannot be
+    /// resynchronised after a bad frame, as in Redis).
+    Error(String),
+}
+
+fn line_end(buf: &[u8], from: usize) -> Option<usize> {
+    buf[from..].windows(2).position(|w| w == b"\r\n").map(|i| from + i)
+}
+
+fn int(b: &[u8]) -> Option<i64> {
+    std::str::from_utf8(b).ok()?.parse().ok()
+}
+
+/// Inline commands (`PING\r\n`) are at most this long, as in Redis.
+const MAX_INLINE: usize = 64 * 1024;
+
+/// Parses one client command.
+pub fn parse_request(buf: &mut BytesMut, limits: RespLimits) -> Request {
+    if buf.is_empty() {
+        return Request::Incomplete;
+    }
+    if buf[0] != b'*' {
+        // Inline command: words split on spaces, up to CRLF (or LF).
+        let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
+            if buf.len() > MAX_INLINE {
+                return Request::Error("Protocol error: too big inline request".into());
+            }
+            return Request::Incomplete;
+        };
+        let line = buf.split_to(nl + 1);
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        let args: Vec<Bytes> =
+            text.split(|&b| b == b' ').filter(|w| !w.is_empty()).map(Bytes::copy_from_slice).collect();
+        if args.is_empty() {
+            return parse_request(buf, limits);
+        }
+        return Request::Command(Command { args });
+    }
+    let Some(end) = line_end(buf, 1) else {
+        if buf.len() > 32 {
+            return Request::Error("Protocol error: invalid multibulk length".into());
+        }
+        return Request::Incomplete;
+    };
+    let Some(n) = int(&buf[1..end]) else {
+        return Request::Error("Protocol error: invalid multibulk length".into());
+    };
+    if n <= 0 {
+        buf.advance(end + 2);
+        return parse_request(buf, limits);
+    }
+    if n as usize > limits.max_args {
+        return Request::Error(format!("Protocol error: more than {} arguments", limits.max_args));
+    }
+    // Walk the bulk strings without consuming until all are here.
+    let mut pos = end + 2;
+    let mut spans = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        if pos >= buf.len() {
+            return Request::Incomplete;
+        }
+        if buf[pos] != b'$' {
+            return Request::Error(format!("Protocol error: expected '$', got '{}'", buf[pos] as char));
+        }
+        let Some(end) = line_end(buf, pos + 1) else {
+            if buf.len() - pos > 32 {
+                return Request::Error("Protocol error: invalid bulk length".into());
+            }
+            return Request::Incomplete;
+        };
+        let len = match int(&buf[pos + 1..end]) {
+            Some(l) if l >= 0 && (l as usize) <= limits.max_bulk => l as usize,
+            _ => return Request::Error("Protocol error: invalid bulk length".into()),
+        };
+        let start = end + 2;
+        if buf.len() < start + len + 2 {
+            buf.reserve(start + len + 2 - buf.len());
+            return Request::Incomplete;
+        }
+        if &buf[start + len..start + len + 2] != b"\r\n" {
+            return Request::Error("Protocol error: bulk string not followed by CRLF".into());
+        }
+        spans.push((start, len));
+        pos = start + len + 2;
+    }
+    let frame = buf.split_to(pos).freeze();
+    let args = spans.into_iter().map(|(s, l)| frame.slice(s..s + l)).collect();
+    Request::Command(Command { args })
+}
+
+/// What the reply parser made of a backend's bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// One whole reply frame, as sent.
+    Done(Bytes),
+    /// Need more bytes.
+    Incomplete,
+    /// Not RESP.
+    Invalid(String),
+}
+
+/// End (exclusive) of the frame starting at `pos`, if complete.
+fn frame_end(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, String> {
+    if depth > 64 {
+        return Err("reply nested too deeply".into());
+    }
+    if pos >= buf.len() {
+        return Ok(None);
+    }
+    let Some(end) = line_end(buf, pos + 1) else { return Ok(None) };
+    match buf[pos] {
+        b'+' | b'-' | b':' => Ok(Some(end + 2)),
+        b'$' => {
+            let len = int(&buf[pos + 1..end]).ok_or("bad bulk length")?;
+            if len < 0 {
+                return Ok(Some(end + 2));
+            }
+            let stop = end + 2 + len as usize + 2;
+            Ok((buf.len() >= stop).then_some(stop))
+        }
+        b'*' => {
+            let n = int(&buf[pos + 1..end]).ok_or("bad array length")?;
+            let mut p = end + 2;
+            for _ in 0..n.max(0) {
+                match frame_end(buf, p, depth + 1)? {
+                    Some(e) => p = e,
+                    None => return Ok(None),
+                }
+            }
+            Ok(Some(p))
+        }
+        other => Err(format!("unexpected reply type byte {other:#04x}")),
+    }
+}
+
+/// Parses one reply frame from the front of `buf`, taking it when complete.
+pub fn parse_reply(buf: &mut BytesMut) -> Frame {
+    match frame_end(buf, 0, 0) {
+        Ok(Some(end)) => Frame::Done(buf.split_to(end).freeze()),
+        Ok(None) => Frame::Incomplete,
+        Err(e) => Frame::Invalid(e),
+    }
+}
+
+/// The elements of an array reply (raw frames), or `None` if it is not an array.
+pub fn array_items(frame: &Bytes) -> Option<Vec<Bytes>> {
+    if frame.first() != Some(&b'*') {
+        return None;
+    }
+    let end = line_end(frame, 1)?;
+    let n = int(&frame[1..end])?;
+    let mut items = Vec::with_capacity(n.max(0) as usize);
+    let mut p = end + 2;
+    for _ in 0..n.max(0) {
+        let e = frame_end(frame, p, 1).ok()??;
+        items.push(frame.slice(p..e));
+        p = e;
+    }
+    Some(items)
+}
+
+/// The value of an integer reply.
+pub fn integer(frame: &[u8]) -> Option<i64> {
+    if frame.first() != Some(&b':') {
+        return None;
+    }
+    int(frame[1..].strip_suffix(b"\r\n")?)
+}
+
+/// A RESP error reply.
+pub fn error(msg: &str) -> Bytes {
+    Bytes::from(format!("-{}\r\n", msg.replace(['\r', '\n'], " ")))
+}
+
+/// A RESP bulk string.
+pub fn bulk(data: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(data.len() + 16);
+    out.extend_from_slice(format!("${}\r\n", data.len()).as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(input: &[u8]) -> Request {
+        parse_request(&mut BytesMut::from(input), RespLimits::default())
+    }
+
+    #[test]
+    fn requests() {
+        let Request::Command(c) = req(b"*2\r\n$3\r\nGET\r\n$3\r\nkey\r\n") else { panic!() };
+        assert_eq!(c.name(), "GET");
+        assert_eq!(&c.args[1][..], b"key");
+        let Request::Command(c) = req(b"ping hello\r\n") else { panic!() };
+        assert_eq!(c.args.len(), 2);
+        assert_eq!(req(b"*2\r\n$3\r\nGET\r\n$3\r\nke"), Request::Incomplete);
+        assert!(matches!(req(b"*x\r\n"), Request::Error(_)));
+        assert!(matches!(req(b"*1\r\n$-5\r\n"), Request::Error(_)));
+        assert!(matches!(req(b"*1\r\n:5\r\n"), Request::Error(_)));
+        assert!(matches!(req(b"*1\r\n$3\r\nabcde\r\n"), Request::Error(_)));
+        let limits = RespLimits { max_args: 2, max_bulk: 4 };
+        assert!(matches!(parse_request(&mut BytesMut::from(&b"*3\r\n"[..]), limits), Request::Error(_)));
+        assert!(matches!(parse_request(&mut BytesMut::from(&b"*1\r\n$5\r\n"[..]), limits), Request::Error(_)));
+        let mut enc = BytesMut::new();
+        c.encode(&mut enc);
+        assert_eq!(&enc[..], b"*2\r\n$4\r\nping\r\n$5\r\nhello\r\n");
+    }
+
+    #[test]
+    fn replies() {
+        let mut b = BytesMut::from(&b"*3\r\n$1\r\na\r\n$-1\r\n*1\r\n:7\r\n+OK\r\n"[..]);
+        let Frame::Done(f) = parse_reply(&mut b) else { panic!() };
+        let items = array_items(&f).unwrap();
+        assert_eq!(items.len(), 3);
+        assert_eq!(&items[1][..], b"$-1\r\n");
+        assert_eq!(parse_reply(&mut b), Frame::Done(Bytes::from_static(b"+OK\r\n")));
+        let mut b = BytesMut::from(&b"$5\r\nab"[..]);
+        assert_eq!(parse_reply(&mut b), Frame::Incomplete);
+        assert_eq!(integer(b":42\r\n"), Some(42));
+        assert!(matches!(parse_reply(&mut BytesMut::from(&b"?\r\n"[..])), Frame::Invalid(_)));
+    }
+}

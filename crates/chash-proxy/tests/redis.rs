@@ -1,0 +1,380 @@
+//! Redis pools in front of real redis-server processes on loopback ports
+//! (started and stopped by the tests).
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::{free_port, require, wait_listening, Proxy};
+
+/// A redis-server on a loopback port.
+struct Redis {
+    port: u16,
+    password: Option<String>,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start(password: Option<&str>) -> Redis {
+        Redis::start_on(free_port(), password)
+    }
+
+    fn start_on(port: u16, password: Option<&str>) -> Redis {
+        let bin = require("redis-server", "redis-server");
+        let mut args = vec!["--port".to_owned(), port.to_string(), "--bind".into(), "127.0.0.1".into()];
+        args.extend(["--save", "", "--appendonly", "no", "--daemonize", "no"].map(String::from));
+        if let Some(pw) = password {
+            args.extend(["--requirepass".to_owned(), pw.to_owned()]);
+        }
+        let child = Command::new(bin).args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        wait_listening(port);
+        Redis { port, password: password.map(str::to_owned), child: Some(child) }
+    }
+
+    fn id(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn restart(&mut self) {
+        self.kill();
+        let pw = self.password.clone();
+        *self = Redis::start_on(self.port, pw.as_deref());
+    }
+
+    /// A direct client (authenticated when the server has a password).
+    fn client(&self) -> Resp {
+        let mut c = Resp::connect(([127, 0, 0, 1], self.port).into());
+        if let Some(pw) = &self.password {
+            assert_eq!(c.cmd(&["AUTH", pw]), "+OK");
+        }
+        c
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A blocking RESP client; replies are rendered as text for assertions.
+struct Resp {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+}
+
+impl Resp {
+    fn connect(addr: SocketAddr) -> Resp {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Resp { r: BufReader::new(s.try_clone().unwrap()), w: s }
+    }
+
+    fn encode(args: &[&str]) -> Vec<u8> {
+        let mut out = format!("*{}\r\n", args.len()).into_bytes();
+        for a in args {
+            out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+        }
+        out
+    }
+
+    fn send(&mut self, args: &[&str]) {
+        self.w.write_all(&Resp::encode(args)).unwrap();
+    }
+
+    /// Reads one reply: `+OK`, `-ERR ...`, `:3`, `"bulk"`, `nil`, `[a, b]`.
+    fn read(&mut self) -> String {
+        let mut line = String::new();
+        self.r.read_line(&mut line).unwrap();
+        let line = line.trim_end_matches("\r\n").to_owned();
+        match line.chars().next() {
+            Some('$') => {
+                let n: i64 = line[1..].parse().unwrap();
+                if n < 0 {
+                    return "nil".into();
+                }
+                let mut data = vec![0u8; n as usize + 2];
+                self.r.read_exact(&mut data).unwrap();
+                format!("\"{}\"", String::from_utf8_lossy(&data[..n as usize]))
+            }
+            Some('*') => {
+                let n: i64 = line[1..].parse().unwrap();
+                let items: Vec<String> = (0..n.max(0)).map(|_| self.read()).collect();
+                format!("[{}]", items.join(", "))
+            }
+            _ => line,
+        }
+    }
+
+    fn cmd(&mut self, args: &[&str]) -> String {
+        self.send(args);
+        self.read()
+    }
+}
+
+fn config(extra: &str, servers: &[&Redis]) -> String {
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:{}\n  redis: true\n{extra}  servers:\n", free_port());
+    for s in servers {
+        yml.push_str(&format!("   - {}:1\n", s.id()));
+    }
+    yml
+}
+
+fn servers(n: usize) -> Vec<Redis> {
+    (0..n).map(|_| Redis::start(None)).collect()
+}
+
+#[test]
+fn every_command_family_through_the_proxy() {
+    let rs = servers(3);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let proxy = Proxy::start(&config("  hash: fnv1a_64\n  hash_tag: \"{}\"\n", &refs));
+    let mut c = Resp::connect(proxy.addr);
+    assert_eq!(c.cmd(&["PING"]), "+PONG");
+    assert_eq!(c.cmd(&["PING", "hi"]), "\"hi\"");
+    assert_eq!(c.cmd(&["ECHO", "x y"]), "\"x y\"");
+    // strings
+    assert_eq!(c.cmd(&["SET", "s", "v", "EX", "100", "NX"]), "+OK");
+    assert_eq!(c.cmd(&["SET", "s", "w", "XX", "GET"]), "\"v\"");
+    assert_eq!(c.cmd(&["GET", "s"]), "\"w\"");
+    assert_eq!(c.cmd(&["APPEND", "s", "!"]), ":2");
+    assert_eq!(c.cmd(&["INCR", "n"]), ":1");
+    assert_eq!(c.cmd(&["INCRBY", "n", "41"]), ":42");
+    assert_eq!(c.cmd(&["GETDEL", "n"]), "\"42\"");
+    assert_eq!(c.cmd(&["GETEX", "s", "PERSIST"]), "\"w!\"");
+    assert_eq!(c.cmd(&["TTL", "s"]), ":-1");
+    assert_eq!(c.cmd(&["EXPIRE", "s", "50"]), ":1");
+    assert_eq!(c.cmd(&["TYPE", "s"]), "+string");
+    assert_eq!(c.cmd(&["SETBIT", "b", "7", "1"]), ":0");
+    assert_eq!(c.cmd(&["BITCOUNT", "b"]), ":1");
+    // hashes, lists, sets, sorted sets, HyperLogLog
+    assert_eq!(c.cmd(&["HSET", "h", "f", "1", "g", "2"]), ":2");
+    assert_eq!(c.cmd(&["HGETALL", "h"]), "[\"f\", \"1\", \"g\", \"2\"]");
+    assert_eq!(c.cmd(&["RPUSH", "l", "a", "b", "c"]), ":3");
+    assert_eq!(c.cmd(&["LRANGE", "l", "0", "-1"]), "[\"a\", \"b\", \"c\"]");
+    assert_eq!(c.cmd(&["SADD", "set", "x", "y"]), ":2");
+    assert_eq!(c.cmd(&["SISMEMBER", "set", "x"]), ":1");
+    assert_eq!(c.cmd(&["ZADD", "z", "1", "a", "2", "b"]), ":2");
+    assert_eq!(c.cmd(&["ZRANGE", "z", "0", "-1", "WITHSCORES"]), "[\"a\", \"1\", \"b\", \"2\"]");
+    assert_eq!(c.cmd(&["PFADD", "hll", "a", "b", "c"]), ":1");
+    assert_eq!(c.cmd(&["PFCOUNT", "hll"]), ":3");
+    // multi-key, split by server
+    let keys: Vec<String> = (0..30).map(|i| format!("mk{i}")).collect();
+    let mut mset = vec!["MSET"];
+    let values: Vec<String> = keys.iter().map(|k| format!("v-{k}")).collect();
+    for (k, v) in keys.iter().zip(&values) {
+        mset.push(k);
+        mset.push(v);
+    }
+    assert_eq!(c.cmd(&mset), "+OK");
+    let held_on: std::collections::HashSet<u16> = keys
+        .iter()
+        .filter_map(|k| rs.iter().find(|r| r.client().cmd(&["EXISTS", k]) == ":1").map(|r| r.port))
+        .collect();
+    assert!(held_on.len() >= 2, "keys spread over servers: {held_on:?}");
+    let mut mget = vec!["MGET", "missing"];
+    mget.extend(keys.iter().rev().map(String::as_str));
+    let want =
+        std::iter::once("nil".to_owned()).chain(values.iter().rev().map(|v| format!("\"{v}\""))).collect::<Vec<_>>();
+    assert_eq!(c.cmd(&mget), format!("[{}]", want.join(", ")));
+    let mut exists = vec!["EXISTS", "missing"];
+    exists.extend(keys.iter().map(String::as_str));
+    assert_eq!(c.cmd(&exists), ":30");
+    assert_eq!(c.cmd(&["TOUCH", "mk1", "mk2", "nope"]), ":2");
+    assert_eq!(c.cmd(&["UNLINK", "mk1", "mk2"]), ":2");
+    let mut del = vec!["DEL"];
+    del.extend(keys.iter().map(String::as_str));
+    assert_eq!(c.cmd(&del), ":28");
+    // multi-key commands on one server: with a hash tag they work, without they are refused
+    assert_eq!(c.cmd(&["SADD", "{u1}:a", "1", "2"]), ":2");
+    assert_eq!(c.cmd(&["SADD", "{u1}:b", "2", "3"]), ":2");
+    assert_eq!(c.cmd(&["SINTER", "{u1}:a", "{u1}:b"]), "[\"2\"]");
+    assert_eq!(c.cmd(&["MSETNX", "{u2}:x", "1", "{u2}:y", "2"]), ":1");
+    assert_eq!(c.cmd(&["RENAME", "{u2}:x", "{u2}:z"]), "+OK");
+    assert_eq!(c.cmd(&["EVAL", "return redis.call('GET', KEYS[1])", "1", "{u2}:z"]), "\"1\"");
+    let cross =
+        (0..50).map(|i| format!("a{i}")).find(|k| c.cmd(&["MSETNX", k, "1", "b0", "2"]).starts_with("-ERR")).unwrap();
+    assert!(c.cmd(&["MSETNX", &cross, "1", "b0", "2"]).contains("different servers"));
+    // proxy-level and refused commands
+    assert_eq!(c.cmd(&["SELECT", "0"]), "+OK");
+    assert!(c.cmd(&["SELECT", "1"]).starts_with("-ERR"));
+    assert!(c.cmd(&["INFO"]).contains("proxy:chash-proxy"));
+    assert_eq!(c.cmd(&["COMMAND", "DOCS"]), "[]");
+    assert!(c.cmd(&["HELLO", "2"]).contains("chash-proxy"));
+    assert!(c.cmd(&["HELLO", "3"]).starts_with("-NOPROTO"));
+    for refused in [
+        vec!["MULTI"],
+        vec!["SUBSCRIBE", "ch"],
+        vec!["KEYS", "*"],
+        vec!["SCAN", "0"],
+        vec!["FLUSHALL"],
+        vec!["BLPOP", "l", "0"],
+        vec!["EVAL", "return 1", "0"],
+        vec!["CLUSTER", "INFO"],
+        vec!["NOSUCHCOMMAND"],
+    ] {
+        let reply = c.cmd(&refused);
+        assert!(reply.starts_with("-ERR"), "{refused:?}: {reply}");
+        assert!(reply.to_lowercase().contains(&refused[0].to_lowercase()), "names the command: {reply}");
+    }
+    assert!(c.cmd(&["GET"]).contains("wrong number of arguments"));
+    assert_eq!(c.cmd(&["GET", "s"]), "\"w!\"", "the connection survives errors");
+    assert_eq!(c.cmd(&["QUIT"]), "+OK");
+}
+
+#[test]
+fn auth_and_db_on_both_sides() {
+    let rs = vec![Redis::start(Some("sekret")), Redis::start(Some("sekret"))];
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let proxy = Proxy::start(&config("  redis_auth: sekret\n  redis_db: 3\n", &refs));
+    let mut c = Resp::connect(proxy.addr);
+    assert!(c.cmd(&["GET", "k"]).starts_with("-NOAUTH"));
+    assert!(c.cmd(&["AUTH", "wrong"]).starts_with("-WRONGPASS"));
+    assert_eq!(c.cmd(&["AUTH", "sekret"]), "+OK");
+    assert_eq!(c.cmd(&["SET", "k", "v"]), "+OK");
+    assert_eq!(c.cmd(&["SELECT", "3"]), "+OK");
+    // The value went to database 3 of its server.
+    let holder = rs.iter().find(|r| {
+        let mut d = r.client();
+        assert_eq!(d.cmd(&["SELECT", "3"]), "+OK");
+        d.cmd(&["GET", "k"]) == "\"v\""
+    });
+    assert!(holder.is_some());
+    let mut hello = Resp::connect(proxy.addr);
+    assert!(hello.cmd(&["HELLO", "2", "AUTH", "default", "sekret"]).contains("chash-proxy"));
+    assert_eq!(hello.cmd(&["GET", "k"]), "\"v\"");
+}
+
+#[test]
+fn pipelining_many_clients_never_mixes_replies() {
+    let rs = servers(3);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let proxy = Proxy::start(&config("  server_connections: 2\n", &refs));
+    let mismatches = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..30)
+        .map(|t| {
+            let (addr, mismatches) = (proxy.addr, mismatches.clone());
+            thread::spawn(move || {
+                let mut c = Resp::connect(addr);
+                let keys: Vec<String> = (0..200).map(|i| format!("p{t}:{i}")).collect();
+                let mut batch = Vec::new();
+                for k in &keys {
+                    batch.extend(Resp::encode(&["SET", k, &format!("val-{k}")]));
+                    batch.extend(Resp::encode(&["GET", k]));
+                }
+                let mut mget = vec!["MGET"];
+                mget.extend(keys.iter().map(String::as_str));
+                batch.extend(Resp::encode(&mget));
+                c.w.write_all(&batch).unwrap();
+                for k in &keys {
+                    if c.read() != "+OK" || c.read() != format!("\"val-{k}\"") {
+                        mismatches.fetch_add(1, Relaxed);
+                    }
+                }
+                let want = keys.iter().map(|k| format!("\"val-{k}\"")).collect::<Vec<_>>().join(", ");
+                if c.read() != format!("[{want}]") {
+                    mismatches.fetch_add(1, Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(mismatches.load(Relaxed), 0);
+}
+
+#[test]
+fn a_killed_server_costs_only_its_keys_and_comes_back() {
+    let mut rs = servers(3);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let proxy = Proxy::start(&config("  timeout: 1000\n", &refs));
+    let mut c = Resp::connect(proxy.addr);
+    let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        assert_eq!(c.cmd(&["SET", k, "v"]), "+OK");
+    }
+    let victim = rs[1].port;
+    let on_victim: Vec<&String> = keys.iter().filter(|k| rs[1].client().cmd(&["EXISTS", k]) == ":1").collect();
+    assert!(!on_victim.is_empty());
+    rs[1].kill();
+    let started = Instant::now();
+    let (mut ok, mut failed) = (0, 0);
+    for k in &keys {
+        let reply = c.cmd(&["GET", k]);
+        if reply.starts_with("-ERR backend") {
+            failed += 1;
+        } else {
+            assert_eq!(reply, "\"v\"");
+            ok += 1;
+        }
+    }
+    assert_eq!(failed, on_victim.len());
+    assert_eq!(ok + failed, keys.len());
+    assert!(started.elapsed() < Duration::from_secs(5));
+    rs[1].restart();
+    assert_eq!(rs[1].port, victim);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.cmd(&["SET", on_victim[0], "back"]) != "+OK" {
+        assert!(Instant::now() < deadline, "the server's keys did not come back");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn malformed_resp_gets_an_error_or_a_clean_close() {
+    let rs = servers(1);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let proxy = Proxy::start(&config("", &refs));
+    for junk in [
+        &b"*x\r\n"[..],
+        b"*2\r\n$3\r\nGET\r\n:5\r\n",
+        b"*1\r\n$-7\r\n",
+        b"*1\r\n$3\r\nabcdef\r\n",
+        b"*99999999999\r\n",
+        b"*1\r\n$999999999999\r\n",
+        b"\x00\x01\x02\xff\r\n*",
+    ] {
+        let mut s = TcpStream::connect(proxy.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(junk).unwrap();
+        let _ = s.shutdown(std::net::Shutdown::Write);
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        assert!(out.is_empty() || out.starts_with("-ERR") || out.starts_with('-'), "{junk:?}: {out:?}");
+    }
+    // Still serving.
+    let mut c = Resp::connect(proxy.addr);
+    assert_eq!(c.cmd(&["SET", "alive", "1"]), "+OK");
+    assert_eq!(c.cmd(&["GET", "alive"]), "\"1\"");
+}
+
+#[test]
+fn redis_cli_works_against_the_proxy() {
+    let cli = require("redis-cli", "redis-tools");
+    let rs = servers(2);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let proxy = Proxy::start(&config("", &refs));
+    let port = proxy.addr.port().to_string();
+    let run = |args: &[&str]| {
+        let out = Command::new(&cli).args(["-h", "127.0.0.1", "-p", &port]).args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(run(&["SET", "cli", "works"]), "OK");
+    assert_eq!(run(&["GET", "cli"]), "works");
+    assert_eq!(run(&["PING"]), "PONG");
+    assert!(run(&["KEYS", "*"]).contains("not supported"));
+}
