@@ -237,7 +237,7 @@ fn every_command_family_through_the_proxy() {
 
 #[test]
 fn auth_and_db_on_both_sides() {
-    let rs = vec![Redis::start(Some("sekret")), Redis::start(Some("sekret"))];
+    let rs = [Redis::start(Some("sekret")), Redis::start(Some("sekret"))];
     let refs: Vec<&Redis> = rs.iter().collect();
     let proxy = Proxy::start(&config("  redis_auth: sekret\n  redis_db: 3\n", &refs));
     let mut c = Resp::connect(proxy.addr);
