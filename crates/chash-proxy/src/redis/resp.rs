@@ -74,18 +74,28 @@ fn int(b: &[u8]) -> Option<i64> {
 /// Inline commands (`PING\r\n`) are at most this long, as in Redis.
 const MAX_INLINE: usize = 64 * 1024;
 
-/// Parses one client command.
+/// Parses one client command (empty lines and empty arrays are skipped, as
+/// Redis does).
 pub fn parse_request(buf: &mut BytesMut, limits: RespLimits) -> Request {
+    loop {
+        if let Some(r) = parse_one(buf, limits) {
+            return r;
+        }
+    }
+}
+
+/// One frame: `None` when it was empty and has been skipped.
+fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
     if buf.is_empty() {
-        return Request::Incomplete;
+        return Some(Request::Incomplete);
     }
     if buf[0] != b'*' {
         // Inline command: words split on spaces, up to CRLF (or LF).
         let Some(nl) = buf.iter().position(|&b| b == b'\n') else {
             if buf.len() > MAX_INLINE {
-                return Request::Error("Protocol error: too big inline request".into());
+                return Some(Request::Error("Protocol error: too big inline request".into()));
             }
-            return Request::Incomplete;
+            return Some(Request::Incomplete);
         };
         let line = buf.split_to(nl + 1);
         let text = line.strip_suffix(b"\n").unwrap_or(&line);
@@ -93,60 +103,60 @@ pub fn parse_request(buf: &mut BytesMut, limits: RespLimits) -> Request {
         let args: Vec<Bytes> =
             text.split(|&b| b == b' ').filter(|w| !w.is_empty()).map(Bytes::copy_from_slice).collect();
         if args.is_empty() {
-            return parse_request(buf, limits);
+            return None;
         }
-        return Request::Command(Command { args });
+        return Some(Request::Command(Command { args }));
     }
     let Some(end) = line_end(buf, 1) else {
         if buf.len() > 32 {
-            return Request::Error("Protocol error: invalid multibulk length".into());
+            return Some(Request::Error("Protocol error: invalid multibulk length".into()));
         }
-        return Request::Incomplete;
+        return Some(Request::Incomplete);
     };
     let Some(n) = int(&buf[1..end]) else {
-        return Request::Error("Protocol error: invalid multibulk length".into());
+        return Some(Request::Error("Protocol error: invalid multibulk length".into()));
     };
     if n <= 0 {
         buf.advance(end + 2);
-        return parse_request(buf, limits);
+        return None;
     }
     if n as usize > limits.max_args {
-        return Request::Error(format!("Protocol error: more than {} arguments", limits.max_args));
+        return Some(Request::Error(format!("Protocol error: more than {} arguments", limits.max_args)));
     }
     // Walk the bulk strings without consuming until all are here.
     let mut pos = end + 2;
     let mut spans = Vec::with_capacity(n as usize);
     for _ in 0..n {
         if pos >= buf.len() {
-            return Request::Incomplete;
+            return Some(Request::Incomplete);
         }
         if buf[pos] != b'$' {
-            return Request::Error(format!("Protocol error: expected '$', got '{}'", buf[pos] as char));
+            return Some(Request::Error(format!("Protocol error: expected '$', got '{}'", buf[pos] as char)));
         }
         let Some(end) = line_end(buf, pos + 1) else {
             if buf.len() - pos > 32 {
-                return Request::Error("Protocol error: invalid bulk length".into());
+                return Some(Request::Error("Protocol error: invalid bulk length".into()));
             }
-            return Request::Incomplete;
+            return Some(Request::Incomplete);
         };
         let len = match int(&buf[pos + 1..end]) {
             Some(l) if l >= 0 && (l as usize) <= limits.max_bulk => l as usize,
-            _ => return Request::Error("Protocol error: invalid bulk length".into()),
+            _ => return Some(Request::Error("Protocol error: invalid bulk length".into())),
         };
         let start = end + 2;
         if buf.len() < start + len + 2 {
             buf.reserve(start + len + 2 - buf.len());
-            return Request::Incomplete;
+            return Some(Request::Incomplete);
         }
         if &buf[start + len..start + len + 2] != b"\r\n" {
-            return Request::Error("Protocol error: bulk string not followed by CRLF".into());
+            return Some(Request::Error("Protocol error: bulk string not followed by CRLF".into()));
         }
         spans.push((start, len));
         pos = start + len + 2;
     }
     let frame = buf.split_to(pos).freeze();
     let args = spans.into_iter().map(|(s, l)| frame.slice(s..s + l)).collect();
-    Request::Command(Command { args })
+    Some(Request::Command(Command { args }))
 }
 
 /// What the reply parser made of a backend's bytes.
@@ -282,5 +292,22 @@ mod tests {
         assert_eq!(parse_reply(&mut b), Frame::Incomplete);
         assert_eq!(integer(b":42\r\n"), Some(42));
         assert!(matches!(parse_reply(&mut BytesMut::from(&b"?\r\n"[..])), Frame::Invalid(_)));
+    }
+}
+
+#[cfg(test)]
+mod skip_tests {
+    use super::*;
+
+    /// Many empty lines or empty arrays in a row are skipped without recursion.
+    #[test]
+    fn long_runs_of_empty_frames() {
+        let mut input = BytesMut::new();
+        for _ in 0..200_000 {
+            input.extend_from_slice(b"\r\n*0\r\n");
+        }
+        input.extend_from_slice(b"PING\r\n");
+        let Request::Command(c) = parse_request(&mut input, RespLimits::default()) else { panic!() };
+        assert_eq!(c.name(), "PING");
     }
 }
