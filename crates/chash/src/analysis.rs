@@ -1,8 +1,10 @@
 //! Exact and sampled analysis of placements: who owns how much of the hash
 //! space, how evenly keys spread, and what a change moves.
 
+use std::collections::HashMap;
+
 use crate::placement::{Placement, PointRing};
-use crate::{Error, Result};
+use crate::{Error, Node, Result};
 
 /// Exact share of the hash space owned by each node (indexed like
 /// [`Placement::nodes`]); the shares add up to 1 for a non-empty ring.
@@ -204,4 +206,38 @@ pub fn sampling_floor_cv(keys: u64, nodes: usize) -> f64 {
         return 0.0;
     }
     ((nodes as f64 - 1.0) / keys as f64).sqrt()
+}
+
+/// The least share of the key space any placement must move when its nodes
+/// change from `old` to `new` (nodes matched by id): the sum over nodes of
+/// `max(0, old share - new share)`, each share being the node's weight over
+/// the total weight (0 for a node absent from that side). It is 0 when both
+/// sides are empty and 1 when only one is.
+///
+/// ```
+/// use chash::{analysis::optimal_movement, Node};
+/// let four: Vec<Node> = ["a", "b", "c", "d"].iter().map(|id| Node::new(*id, 1)).collect::<Result<_, _>>()?;
+/// // One of four equal nodes leaves: its quarter moves.
+/// assert!((optimal_movement(&four, &four[..3]) - 0.25).abs() < 1e-12);
+/// // A fifth joins: it takes a fifth.
+/// let five = [four.clone(), vec![Node::new("e", 1)?]].concat();
+/// assert!((optimal_movement(&four, &five) - 0.2).abs() < 1e-12);
+/// // Doubling a's weight: a's share goes from 1/4 to 2/5.
+/// let heavier = [vec![Node::new("a", 2)?], four[1..].to_vec()].concat();
+/// assert!((optimal_movement(&four, &heavier) - 0.15).abs() < 1e-12);
+/// # Ok::<(), chash::Error>(())
+/// ```
+pub fn optimal_movement<T, U>(old: &[Node<T>], new: &[Node<U>]) -> f64 {
+    let total = |ws: &mut dyn Iterator<Item = u32>| ws.map(f64::from).sum::<f64>();
+    let (old_w, new_w) = (total(&mut old.iter().map(Node::weight)), total(&mut new.iter().map(Node::weight)));
+    if old_w == 0.0 || new_w == 0.0 {
+        return if old_w == new_w { 0.0 } else { 1.0 };
+    }
+    let now: HashMap<&str, u32> = new.iter().map(|m| (m.id(), m.weight())).collect();
+    old.iter()
+        .map(|n| {
+            let share = now.get(n.id()).map_or(0.0, |&w| f64::from(w) / new_w);
+            (f64::from(n.weight()) / old_w - share).max(0.0)
+        })
+        .sum()
 }
