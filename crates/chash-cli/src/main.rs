@@ -6,9 +6,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod analyze;
+mod bench;
 mod demo;
 mod hash;
 mod keys;
+mod plan;
+mod pool_args;
+mod progress;
 mod proxy;
 mod route;
 mod svg;
@@ -32,6 +37,12 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Run the sharding proxy (memcached protocol), configured like twemproxy.
     Proxy(proxy::ProxyArgs),
+    /// Shares of the hash space and of sampled keys per server, against weights.
+    Analyze(analyze::AnalyzeArgs),
+    /// What a membership change will move, before anyone makes it.
+    Plan(plan::PlanArgs),
+    /// Lookups per second for a placement on this machine.
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +59,9 @@ fn main() -> ExitCode {
         Command::Hash(args) => hash::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Proxy(args) => proxy::run(args),
+        Command::Analyze(args) => analyze::run(args),
+        Command::Plan(args) => plan::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
