@@ -485,3 +485,48 @@ fn reload_applies_new_servers() {
     let _ = std::fs::remove_dir_all(&dir);
     let _: HashMap<(), ()> = HashMap::new();
 }
+
+/// `client_connections` caps clients (more are closed at once), and idle
+/// clients are closed after `client_idle_timeout`.
+#[test]
+fn connection_limit_and_idle_timeout() {
+    let mc = memcacheds(1);
+    let yml = support::config("  client_connections: 2\n", &refs(&mc));
+    let options = chash_proxy::ProxyOptions {
+        client_idle_timeout: Some(Duration::from_millis(400)),
+        ..chash_proxy::ProxyOptions::default()
+    };
+    let proxy = Proxy::start_with(&yml, options, None);
+    let mut a = proxy.client();
+    let mut b = proxy.client();
+    assert_eq!(a.set("x", b"1"), "STORED\r\n");
+    assert_eq!(b.set("y", b"2"), "STORED\r\n");
+    let mut third = TcpStream::connect(proxy.addr).unwrap();
+    third.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = third.write_all(b"version\r\n");
+    let mut out = Vec::new();
+    let _ = third.read_to_end(&mut out);
+    assert!(out.is_empty(), "a connection over the limit is closed: {:?}", String::from_utf8_lossy(&out));
+    // Idle clients are closed after the timeout, which frees their places.
+    thread::sleep(Duration::from_millis(900));
+    let mut rest = Vec::new();
+    let mut idle = a.into_stream();
+    idle.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = idle.read_to_end(&mut rest);
+    assert!(rest.is_empty());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut fresh = proxy.client();
+        fresh.send(b"version\r\n");
+        let mut line = String::new();
+        if std::io::BufRead::read_line(&mut std::io::BufReader::new(fresh.into_stream()), &mut line).is_ok()
+            && line.starts_with("VERSION")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "places were not freed");
+        thread::sleep(Duration::from_millis(50));
+    }
+    let stats = proxy.handle.pools()[0].stats.rejected_connections.load(Relaxed);
+    assert!(stats >= 1);
+}
