@@ -222,7 +222,7 @@ fn owner_port(proxy: &Proxy, key: &str) -> u16 {
 #[test]
 fn dead_server_fails_only_its_keys_and_recovers() {
     let mut mc = memcacheds(4);
-    let proxy = Proxy::start(&support::config("  timeout: 1000\n", &refs(&mc)));
+    let proxy = Proxy::start(&support::config("  timeout: 1000\n  hash: md5\n", &refs(&mc)));
     let keys: Vec<String> = (0..400).map(|i| format!("dead:{i}")).collect();
     let victim = mc[1].port;
     let victim_keys: Vec<&String> = keys.iter().filter(|k| owner_port(&proxy, k) == victim).collect();

@@ -11,9 +11,47 @@ use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-/// A port nothing listens on right now.
+/// A port nothing listens on right now, never handed out before in this
+/// process (tests run in parallel threads: two servers must not race for one
+/// port).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static USED: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if USED.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
+}
+
+/// Starts a server on a fresh port (`command(port)`), waits until it accepts
+/// connections, and makes sure it is this child that does (a child that
+/// failed to bind is retried on another port).
+pub fn spawn_server(mut command: impl FnMut(u16) -> Command) -> (u16, Child) {
+    for _ in 0..5 {
+        let port = free_port();
+        let mut child = command(port).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("server starts");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut up = false;
+        while Instant::now() < deadline {
+            if child.try_wait().ok().flatten().is_some() {
+                break;
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                up = true;
+                break;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
+        thread::sleep(Duration::from_millis(30));
+        if up && child.try_wait().ok().flatten().is_none() {
+            return (port, child);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    panic!("could not start a server after 5 tries");
 }
 
 fn which(program: &str) -> Option<String> {
@@ -52,18 +90,21 @@ pub struct Memcached {
 }
 
 impl Memcached {
-    pub fn start() -> Memcached {
-        Memcached::start_on(free_port())
+    fn command(port: u16) -> Command {
+        let mut c = Command::new(require("memcached", "memcached"));
+        c.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "32", "-u", "root", "-t", "1"]);
+        c
     }
 
+    pub fn start() -> Memcached {
+        let (port, child) = spawn_server(Memcached::command);
+        Memcached { port, child: Some(child) }
+    }
+
+    /// On a given port (a restart): the port is this test's already.
     pub fn start_on(port: u16) -> Memcached {
-        let bin = require("memcached", "memcached");
-        let child = Command::new(bin)
-            .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "32", "-u", "root", "-t", "1"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("memcached starts");
+        let child =
+            Memcached::command(port).stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("memcached starts");
         wait_listening(port);
         Memcached { port, child: Some(child) }
     }
