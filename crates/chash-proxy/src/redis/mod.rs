@@ -263,10 +263,8 @@ async fn forward(pool: &Arc<Pool>, key: &[u8], cmd: Command, affinity: usize) ->
 }
 
 async fn send(pool: &Arc<Pool>, server: Arc<Server>, cmd: Command, affinity: usize) -> PendingReply {
-    let mut data = BytesMut::new();
-    cmd.encode(&mut data);
     let started = Instant::now();
-    let rx = server.submit(data.freeze(), ReplyKind::Resp, affinity).await;
+    let rx = server.submit(cmd.wire(), ReplyKind::Resp, affinity).await;
     let pool = pool.clone();
     Box::pin(async move {
         match server.finish(rx, started).await {
@@ -322,10 +320,8 @@ async fn split(
     let total = (cmd.args.len() - first) / step;
     let mut waits = Vec::with_capacity(groups.len());
     for (server, args, slots) in groups {
-        let mut data = BytesMut::new();
-        Command { args }.encode(&mut data);
         let started = Instant::now();
-        let rx = server.submit(data.freeze(), ReplyKind::Resp, affinity).await;
+        let rx = server.submit(Command::new(args).wire(), ReplyKind::Resp, affinity).await;
         waits.push((server, rx, started, slots));
     }
     let pool = pool.clone();

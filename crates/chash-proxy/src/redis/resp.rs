@@ -27,6 +27,9 @@ impl Default for RespLimits {
 pub struct Command {
     /// Arguments, `args[0]` being the command name as sent.
     pub args: Vec<Bytes>,
+    /// The frame as the client sent it, when it was a RESP array (forwarded
+    /// as is when the command goes to one server unchanged).
+    pub raw: Option<Bytes>,
 }
 
 impl Command {
@@ -35,20 +38,54 @@ impl Command {
         String::from_utf8_lossy(&self.args[0]).to_ascii_uppercase()
     }
 
+    /// A command from its arguments.
+    pub fn new(args: Vec<Bytes>) -> Command {
+        Command { args, raw: None }
+    }
+
     /// The command as a RESP array of bulk strings.
     pub fn encode(&self, out: &mut BytesMut) {
         encode_array(out, self.args.iter().map(|a| &a[..]));
+    }
+
+    /// The bytes to send a server: the client's own frame when there is one.
+    pub fn wire(&self) -> Bytes {
+        match &self.raw {
+            Some(raw) => raw.clone(),
+            None => {
+                let mut out = BytesMut::new();
+                self.encode(&mut out);
+                out.freeze()
+            }
+        }
     }
 }
 
 /// Appends a RESP array of bulk strings.
 pub fn encode_array<'a>(out: &mut BytesMut, items: impl ExactSizeIterator<Item = &'a [u8]>) {
-    out.extend_from_slice(format!("*{}\r\n", items.len()).as_bytes());
+    put_len(out, b'*', items.len());
     for a in items {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        put_len(out, b'$', a.len());
         out.extend_from_slice(a);
         out.extend_from_slice(b"\r\n");
     }
+}
+
+/// `<prefix><n>\r\n` without formatting machinery.
+fn put_len(out: &mut BytesMut, prefix: u8, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&[prefix]);
+    out.extend_from_slice(&digits[i..]);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// What the request parser made of the buffer's front.
@@ -105,7 +142,7 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         if args.is_empty() {
             return None;
         }
-        return Some(Request::Command(Command { args }));
+        return Some(Request::Command(Command::new(args)));
     }
     let Some(end) = line_end(buf, 1) else {
         if buf.len() > 32 {
@@ -156,7 +193,7 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
     }
     let frame = buf.split_to(pos).freeze();
     let args = spans.into_iter().map(|(s, l)| frame.slice(s..s + l)).collect();
-    Some(Request::Command(Command { args }))
+    Some(Request::Command(Command { args, raw: Some(frame) }))
 }
 
 /// What the reply parser made of a backend's bytes.
