@@ -80,7 +80,8 @@ pub struct Ring<T = ()> {
 /// `"SHARD-{name}-NODE-{i}"` (seed 003). Variables: `{id}`, `{name}` (the
 /// node's name, or its id when it has none), `{host}` and `{port}` (the id
 /// split at its last `:`; the whole id and an empty port when it has none),
-/// `{i}` (the point index from 0, in decimal). `{{` and `}}` are literal braces.
+/// `{i}` (the point index from 0, in decimal), `{i*}` (the indices 0 to i run
+/// together: seed 000's labels). `{{` and `}}` are literal braces.
 ///
 /// ```
 /// use chash::{PointLabel, Node, Ring, KeyHasher};
@@ -115,6 +116,9 @@ pub enum LabelPart {
     Port,
     /// `{i}`
     Index,
+    /// `{i*}`: the indices 0 through i in decimal, run together (`0`, `01`,
+    /// `012`, ...), the labels seed 000 builds by appending to one buffer.
+    IndexRun,
 }
 
 impl std::str::FromStr for PointLabel {
@@ -143,6 +147,7 @@ impl std::str::FromStr for PointLabel {
                         "host" => LabelPart::Host,
                         "port" => LabelPart::Port,
                         "i" => LabelPart::Index,
+                        "i*" => LabelPart::IndexRun,
                         _ => {
                             return Err(bad(format!(
                                 "unknown variable {{{var}}} (known: {{id}}, {{name}}, {{host}}, {{port}}, {{i}})"
@@ -192,6 +197,11 @@ impl PointLabel {
                         LabelPart::Host => out.extend_from_slice(host.as_bytes()),
                         LabelPart::Port => out.extend_from_slice(port.as_bytes()),
                         LabelPart::Index => out.extend_from_slice(i.to_string().as_bytes()),
+                        LabelPart::IndexRun => {
+                            for j in 0..=i {
+                                out.extend_from_slice(j.to_string().as_bytes());
+                            }
+                        }
                     }
                 }
             }

@@ -163,3 +163,26 @@ fn seed002_config_builds() {
     assert_eq!(s.placement().hasher(), KeyHasher::JavaMd5Int31);
     assert!(s.route(b"some-key").is_some());
 }
+
+/// Seed 000's ring as a config: its labels and its md5-sum hash.
+#[test]
+fn seed000_ring_as_a_config() {
+    let s = snapshot("seed000.yml");
+    let chash::config::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
+    assert_eq!(ring.point_count(), 50 + 80 + 20 + 100);
+    let label: PointLabel = "{id}{i*}".parse().unwrap();
+    let a = &ring.nodes()[0];
+    assert_eq!(label.render(a, 0), b"machineA0");
+    assert_eq!(label.render(a, 2), b"machineA012");
+    assert_eq!(label.render(a, 11), b"machineA01234567891011");
+    // The seed's hash: the four little-endian words of MD5 added up.
+    let sum = |text: &[u8]| {
+        use md5::{Digest, Md5};
+        let d = Md5::digest(text);
+        d.chunks(4).map(|w| u64::from(u32::from_le_bytes([w[0], w[1], w[2], w[3]]))).sum::<u64>()
+    };
+    assert_eq!(KeyHasher::Md5Sum.hash(b"machineA012"), sum(b"machineA012"));
+    let hashes: Vec<u64> = ring.point_hashes().to_vec();
+    assert!(hashes.contains(&sum(b"machineA01")));
+    assert!(s.route(b"10.3.0.201").is_some());
+}
