@@ -20,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
 use crate::backend::{BackendError, Server};
+use crate::memcache::request::skip_discarded;
 use crate::memcache::{parse_request, values, Limits, Parsed, Reply, ReplyKind, Request, RetrievalCmd};
 use crate::pool::Pool;
 use crate::Shared;
@@ -74,13 +75,8 @@ where
             Ok(_) => {}
         }
         loop {
-            if discard > 0 {
-                let d = discard.min(buf.len());
-                let _ = buf.split_to(d);
-                discard -= d;
-                if discard > 0 {
-                    continue 'conn;
-                }
+            if !skip_discarded(&mut buf, &mut discard) {
+                continue 'conn;
             }
             match parse_request(&mut buf, limits) {
                 Parsed::Incomplete => break,

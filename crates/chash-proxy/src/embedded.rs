@@ -21,6 +21,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::memcache::request::skip_discarded;
 use crate::memcache::{parse_request, ArithOp, Limits, Parsed, Request, RetrievalCmd, StorageCmd};
 
 /// Largest value a shard stores (memcached's default item size limit).
@@ -339,13 +340,8 @@ async fn serve_shard_client(mut stream: tokio::net::TcpStream, store: Arc<Store>
         }
         let mut quit = false;
         loop {
-            if discard > 0 {
-                let d = discard.min(buf.len());
-                let _ = buf.split_to(d);
-                discard -= d;
-                if discard > 0 {
-                    break;
-                }
+            if !skip_discarded(&mut buf, &mut discard) {
+                break;
             }
             match parse_request(&mut buf, SHARD_LIMITS) {
                 Parsed::Incomplete => break,

@@ -508,8 +508,8 @@ impl Request {
     }
 }
 
-/// Appends `' '` and `n` in decimal.
-fn put_num(out: &mut BytesMut, mut n: u64) {
+/// Appends `n` in decimal (no formatting machinery: this is on every request).
+pub(crate) fn put_decimal(out: &mut BytesMut, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -520,20 +520,28 @@ fn put_num(out: &mut BytesMut, mut n: u64) {
             break;
         }
     }
-    out.put_u8(b' ');
     out.put_slice(&digits[i..]);
+}
+
+/// Appends `' '` and `n` in decimal.
+fn put_num(out: &mut BytesMut, n: u64) {
+    out.put_u8(b' ');
+    put_decimal(out, n);
 }
 
 /// Appends `' '` and a signed `n` in decimal.
 fn put_int(out: &mut BytesMut, n: i64) {
-    if n < 0 {
-        out.put_slice(b" -");
-        let mut tmp = BytesMut::new();
-        put_num(&mut tmp, n.unsigned_abs());
-        out.put_slice(&tmp[1..]);
-    } else {
-        put_num(out, n as u64);
-    }
+    out.put_slice(if n < 0 { b" -" } else { b" " });
+    put_decimal(out, n.unsigned_abs());
+}
+
+/// Drops up to `*discard` bytes of a refused data block from the front of
+/// `buf`; `true` when the whole block is gone (parsing may go on).
+pub fn skip_discarded(buf: &mut BytesMut, discard: &mut usize) -> bool {
+    let d = (*discard).min(buf.len());
+    buf.advance(d);
+    *discard -= d;
+    *discard == 0
 }
 
 #[cfg(test)]

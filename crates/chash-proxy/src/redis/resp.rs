@@ -71,20 +71,10 @@ pub fn encode_array<'a>(out: &mut BytesMut, items: impl ExactSizeIterator<Item =
     }
 }
 
-/// `<prefix><n>\r\n` without formatting machinery.
-fn put_len(out: &mut BytesMut, prefix: u8, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
+/// `<prefix><n>\r\n`.
+fn put_len(out: &mut BytesMut, prefix: u8, n: usize) {
     out.extend_from_slice(&[prefix]);
-    out.extend_from_slice(&digits[i..]);
+    crate::memcache::request::put_decimal(out, n as u64);
     out.extend_from_slice(b"\r\n");
 }
 
