@@ -14,10 +14,13 @@ pub const MAX_POINTS: u64 = 1 << 28;
 /// A weighted consistent-hash ring with virtual nodes.
 ///
 /// Each node gets `weight × vnodes` points. Point `i` of node `id` sits at
-/// `hasher(label)`, where the label is the id's length as a little-endian
-/// `u32`, the id's bytes, and `i` as a little-endian `u32`: two different
-/// `(id, i)` pairs never share a label (`"a1"` point 0 and `"a"` point 10
-/// differ). A key belongs to the first point at or after its hash, wrapping
+/// XXH3 of its label, scaled to the key hash's space (the top `bits()` bits),
+/// where the label is the id's length as a little-endian `u32`, the id's
+/// bytes, and `i` as a little-endian `u32`: two different `(id, i)` pairs
+/// never share a label (`"a1"` point 0 and `"a"` point 10 differ). Points are
+/// placed by XXH3 whatever the key hash, so a weak key hash cannot crowd
+/// them; a [`PointLabel`] template instead hashes its text with the key hash,
+/// as the programs it reproduces do. A key belongs to the first point at or after its hash, wrapping
 /// to the first point. Equal point positions are ordered by node id (bytewise),
 /// so the owner of a tie is the node with the smaller id, whatever order the
 /// nodes came in.
@@ -297,13 +300,27 @@ fn push_hashes<T>(
         for i in 0..count as u32 {
             buf.truncate(prefix);
             buf.extend_from_slice(&i.to_le_bytes());
-            out.push(hasher.hash(buf));
+            out.push(native_position(buf, hasher));
         }
     } else {
         for i in 0..count as u32 {
             label.render_into(buf, node, i);
             out.push(hasher.hash(buf));
         }
+    }
+}
+
+/// Where a native label's point sits: XXH3 of the label, scaled to the key
+/// hash's space (its top `bits` bits). Points are placed by a strong hash
+/// whatever hash the keys use: a weak key hash such as FNV-1a would crowd
+/// labels that differ only in their last bytes (the point index) into a few
+/// arcs.
+#[inline]
+pub(crate) fn native_position(label: &[u8], hasher: KeyHasher) -> u64 {
+    let h = xxhash_rust::xxh3::xxh3_64(label);
+    match hasher.bits() {
+        64 => h,
+        bits => h >> (64 - bits),
     }
 }
 

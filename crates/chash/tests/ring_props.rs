@@ -25,7 +25,10 @@ impl NaiveRing {
                 let mut label = (id.len() as u32).to_le_bytes().to_vec();
                 label.extend_from_slice(id.as_bytes());
                 label.extend_from_slice(&i.to_le_bytes());
-                points.push((hasher.hash(&label), id.clone()));
+                // XXH3 of the label, scaled to the key hash's space.
+                let h = xxhash_rust::xxh3::xxh3_64(&label);
+                let pos = if hasher.bits() == 64 { h } else { h >> (64 - hasher.bits()) };
+                points.push((pos, id.clone()));
             }
         }
         points.sort();
