@@ -55,54 +55,58 @@ where
     let affinity = NEXT_CLIENT.fetch_add(1, Relaxed);
     let (mut r, mut w) = tokio::io::split(stream);
     let (tx, rx) = mpsc::channel::<PendingReply>(MAX_PIPELINE);
-    let writer = tokio::spawn(async move {
+    // Reader and writer run in this one task (joined, not spawned): a reply
+    // becoming ready wakes this task directly, with no hand-off between tasks.
+    let writer = async move {
         let _ = write_replies(&mut w, rx).await;
         let _ = w.shutdown().await;
-    });
-    let mut buf = BytesMut::with_capacity(16 * 1024);
-    let mut discard = 0usize;
-    let idle = shared.options.client_idle_timeout;
-    let limits = Limits { max_value: shared.options.max_value_size, lenient_keys: shared.options.lenient_keys };
-    'conn: loop {
-        let read = r.read_buf(&mut buf);
-        let n = tokio::select! {
-            n = read => n,
-            _ = shutdown.changed() => break 'conn,
-            _ = sleep_opt(idle) => break 'conn,
-        };
-        match n {
-            Ok(0) | Err(_) => break,
-            Ok(_) => {}
-        }
-        loop {
-            if !skip_discarded(&mut buf, &mut discard) {
-                continue 'conn;
+    };
+    let reader = async move {
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        let mut discard = 0usize;
+        let idle = shared.options.client_idle_timeout;
+        let limits = Limits { max_value: shared.options.max_value_size, lenient_keys: shared.options.lenient_keys };
+        'conn: loop {
+            let read = r.read_buf(&mut buf);
+            let n = tokio::select! {
+                n = read => n,
+                _ = shutdown.changed() => break 'conn,
+                _ = sleep_opt(idle) => break 'conn,
+            };
+            match n {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
             }
-            match parse_request(&mut buf, limits) {
-                Parsed::Incomplete => break,
-                Parsed::Refused { reply, skip, close } => {
-                    pool.stats.errors.fetch_add(1, Relaxed);
-                    if tx.send(ready(reply)).await.is_err() {
-                        break 'conn;
+            loop {
+                if !skip_discarded(&mut buf, &mut discard) {
+                    continue 'conn;
+                }
+                match parse_request(&mut buf, limits) {
+                    Parsed::Incomplete => break,
+                    Parsed::Refused { reply, skip, close } => {
+                        pool.stats.errors.fetch_add(1, Relaxed);
+                        if tx.send(ready(reply)).await.is_err() {
+                            break 'conn;
+                        }
+                        discard = skip;
+                        if close {
+                            break 'conn;
+                        }
                     }
-                    discard = skip;
-                    if close {
-                        break 'conn;
+                    Parsed::Request(Request::Quit) => break 'conn,
+                    Parsed::Request(req) => {
+                        pool.stats.requests.fetch_add(1, Relaxed);
+                        let reply = dispatch(&pool, &shared, req, affinity).await;
+                        if tx.send(reply).await.is_err() {
+                            break 'conn;
+                        }
                     }
                 }
-                Parsed::Request(Request::Quit) => break 'conn,
-                Parsed::Request(req) => {
-                    pool.stats.requests.fetch_add(1, Relaxed);
-                    let reply = dispatch(&pool, &shared, req, affinity).await;
-                    if tx.send(reply).await.is_err() {
-                        break 'conn;
-                    }
-                }
             }
         }
-    }
-    drop(tx);
-    let _ = writer.await;
+        drop(tx);
+    };
+    tokio::join!(reader, writer);
 }
 
 pub(crate) async fn sleep_opt(d: Option<Duration>) {

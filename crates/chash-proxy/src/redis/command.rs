@@ -158,11 +158,136 @@ const SINGLE: &[&str] = &[
     "XTRIM",
 ];
 
-/// The route of a command (by its upper-case name).
+/// The route of a command (by its upper-case name), from a table built once.
 pub fn route(name: &str) -> Route {
-    if SINGLE.contains(&name) {
-        return Route::Single;
-    }
+    static TABLE: std::sync::OnceLock<std::collections::HashMap<&'static str, Route>> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        let mut t: std::collections::HashMap<&'static str, Route> =
+            SINGLE.iter().map(|&n| (n, Route::Single)).collect();
+        for &n in NAMED {
+            t.insert(n, route_of(n));
+        }
+        t
+    });
+    table.get(name).copied().unwrap_or(Route::Refused("chash-proxy does not know how to route it"))
+}
+
+/// Every command name with a route other than `Single`.
+const NAMED: &[&str] = &[
+    "MGET",
+    "MSET",
+    "DEL",
+    "UNLINK",
+    "EXISTS",
+    "TOUCH",
+    "MSETNX",
+    "RENAME",
+    "RENAMENX",
+    "RPOPLPUSH",
+    "LMOVE",
+    "SMOVE",
+    "COPY",
+    "LCS",
+    "PFMERGE",
+    "PFCOUNT",
+    "SDIFF",
+    "SINTER",
+    "SUNION",
+    "SDIFFSTORE",
+    "SINTERSTORE",
+    "SUNIONSTORE",
+    "ZRANGESTORE",
+    "ZUNIONSTORE",
+    "ZINTERSTORE",
+    "ZDIFFSTORE",
+    "ZUNION",
+    "ZINTER",
+    "ZDIFF",
+    "SINTERCARD",
+    "ZINTERCARD",
+    "LMPOP",
+    "ZMPOP",
+    "EVAL",
+    "EVALSHA",
+    "EVAL_RO",
+    "EVALSHA_RO",
+    "PING",
+    "ECHO",
+    "QUIT",
+    "COMMAND",
+    "INFO",
+    "SELECT",
+    "HELLO",
+    "AUTH",
+    "MULTI",
+    "EXEC",
+    "DISCARD",
+    "WATCH",
+    "UNWATCH",
+    "SUBSCRIBE",
+    "PSUBSCRIBE",
+    "UNSUBSCRIBE",
+    "PUNSUBSCRIBE",
+    "SSUBSCRIBE",
+    "SUNSUBSCRIBE",
+    "PUBLISH",
+    "SPUBLISH",
+    "PUBSUB",
+    "KEYS",
+    "SCAN",
+    "RANDOMKEY",
+    "DBSIZE",
+    "FLUSHALL",
+    "FLUSHDB",
+    "BLPOP",
+    "BRPOP",
+    "BRPOPLPUSH",
+    "BLMOVE",
+    "BZPOPMIN",
+    "BZPOPMAX",
+    "BLMPOP",
+    "BZMPOP",
+    "XREAD",
+    "XREADGROUP",
+    "WAIT",
+    "CLUSTER",
+    "READONLY",
+    "READWRITE",
+    "ASKING",
+    "SCRIPT",
+    "FUNCTION",
+    "FCALL",
+    "FCALL_RO",
+    "MOVE",
+    "SWAPDB",
+    "MIGRATE",
+    "CONFIG",
+    "DEBUG",
+    "SHUTDOWN",
+    "SAVE",
+    "BGSAVE",
+    "BGREWRITEAOF",
+    "LASTSAVE",
+    "REPLICAOF",
+    "SLAVEOF",
+    "MONITOR",
+    "CLIENT",
+    "SLOWLOG",
+    "LATENCY",
+    "MEMORY",
+    "OBJECT",
+    "ACL",
+    "ROLE",
+    "TIME",
+    "SYNC",
+    "PSYNC",
+    "FAILOVER",
+    "RESET",
+    "LOLWUT",
+];
+
+/// The route of a named (non-`Single`) command.
+fn route_of(name: &str) -> Route {
     let together = |first, step| Route::Together { first, step, count_at: None, dest: false };
     match name {
         "MGET" => Route::Mget,

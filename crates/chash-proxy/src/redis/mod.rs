@@ -41,44 +41,48 @@ where
 {
     let (mut r, mut w) = tokio::io::split(stream);
     let (tx, rx) = mpsc::channel::<PendingReply>(MAX_PIPELINE);
-    let writer = tokio::spawn(async move {
+    // Reader and writer run in this one task (joined, not spawned): a reply
+    // becoming ready wakes this task directly, with no hand-off between tasks.
+    let writer = async move {
         let _ = write_replies(&mut w, rx).await;
         let _ = w.shutdown().await;
-    });
-    let mut conn = Conn { authed: pool.settings.redis_auth.is_none(), affinity: NEXT_CLIENT.fetch_add(1, Relaxed) };
-    let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value_size.max(512) };
-    let mut buf = BytesMut::with_capacity(16 * 1024);
-    let idle = shared.options.client_idle_timeout;
-    'conn: loop {
-        let n = tokio::select! {
-            n = r.read_buf(&mut buf) => n,
-            _ = shutdown.changed() => break 'conn,
-            _ = sleep_opt(idle) => break 'conn,
-        };
-        if !matches!(n, Ok(k) if k > 0) {
-            break;
-        }
-        loop {
-            match parse_request(&mut buf, limits) {
-                Request::Incomplete => break,
-                Request::Error(msg) => {
-                    pool.stats.errors.fetch_add(1, Relaxed);
-                    let _ = tx.send(ready_owned(error(&format!("ERR {msg}")))).await;
-                    break 'conn;
-                }
-                Request::Command(cmd) => {
-                    pool.stats.requests.fetch_add(1, Relaxed);
-                    let quit = cmd.name() == "QUIT";
-                    let reply = dispatch(&pool, &shared, cmd, &mut conn).await;
-                    if tx.send(reply).await.is_err() || quit {
+    };
+    let reader = async move {
+        let mut conn = Conn { authed: pool.settings.redis_auth.is_none(), affinity: NEXT_CLIENT.fetch_add(1, Relaxed) };
+        let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value_size.max(512) };
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        let idle = shared.options.client_idle_timeout;
+        'conn: loop {
+            let n = tokio::select! {
+                n = r.read_buf(&mut buf) => n,
+                _ = shutdown.changed() => break 'conn,
+                _ = sleep_opt(idle) => break 'conn,
+            };
+            if !matches!(n, Ok(k) if k > 0) {
+                break;
+            }
+            loop {
+                match parse_request(&mut buf, limits) {
+                    Request::Incomplete => break,
+                    Request::Error(msg) => {
+                        pool.stats.errors.fetch_add(1, Relaxed);
+                        let _ = tx.send(ready_owned(error(&format!("ERR {msg}")))).await;
                         break 'conn;
+                    }
+                    Request::Command(cmd) => {
+                        pool.stats.requests.fetch_add(1, Relaxed);
+                        let quit = cmd.args[0].eq_ignore_ascii_case(b"QUIT");
+                        let reply = dispatch(&pool, &shared, cmd, &mut conn).await;
+                        if tx.send(reply).await.is_err() || quit {
+                            break 'conn;
+                        }
                     }
                 }
             }
         }
-    }
-    drop(tx);
-    let _ = writer.await;
+        drop(tx);
+    };
+    tokio::join!(reader, writer);
 }
 
 fn err(pool: &Pool, msg: String) -> PendingReply {
@@ -91,18 +95,19 @@ fn arity(name: &str) -> String {
 }
 
 async fn dispatch(pool: &Arc<Pool>, shared: &Arc<Shared>, cmd: Command, conn: &mut Conn) -> PendingReply {
-    let name = cmd.name();
-    if !conn.authed && !matches!(name.as_str(), "AUTH" | "HELLO" | "QUIT") {
+    let mut name_buf = [0u8; 32];
+    let name: &str = cmd.name_in(&mut name_buf);
+    if !conn.authed && !matches!(name, "AUTH" | "HELLO" | "QUIT") {
         return err(pool, "NOAUTH Authentication required.".into());
     }
-    match route(&name) {
-        Route::Proxy => proxy_command(pool, shared, &name, &cmd, conn),
+    match route(name) {
+        Route::Proxy => proxy_command(pool, shared, name, &cmd, conn),
         Route::Refused(why) => {
-            err(pool, format!("ERR '{}' is not supported by chash-proxy: {why}", name.to_ascii_lowercase()))
+            err(pool, format!("ERR '{}' is not supported by chash-proxy: {why}", cmd.name().to_ascii_lowercase()))
         }
         Route::Single => match cmd.args.get(1).cloned() {
             Some(key) => forward(pool, &key, cmd, conn.affinity).await,
-            None => err(pool, arity(&name)),
+            None => err(pool, arity(name)),
         },
         r @ (Route::Together { .. } | Route::Eval) => {
             let Some(positions) = key_positions(r, &cmd.args) else {
@@ -111,7 +116,7 @@ async fn dispatch(pool: &Arc<Pool>, shared: &Arc<Shared>, cmd: Command, conn: &m
                     if r == Route::Eval {
                         format!("ERR '{}' without keys cannot be routed by chash-proxy", name.to_ascii_lowercase())
                     } else {
-                        arity(&name)
+                        arity(name)
                     },
                 );
             };
@@ -138,19 +143,19 @@ async fn dispatch(pool: &Arc<Pool>, shared: &Arc<Shared>, cmd: Command, conn: &m
             drop(state);
             match server {
                 Some(s) => send(pool, s, cmd, conn.affinity).await,
-                None => err(pool, arity(&name)),
+                None => err(pool, arity(name)),
             }
         }
         Route::Mget => split(pool, cmd, 1, 1, Gather::InOrder, conn.affinity).await,
         Route::Mset => {
             if cmd.args.len() < 3 || cmd.args.len().is_multiple_of(2) {
-                return err(pool, arity(&name));
+                return err(pool, arity(name));
             }
             split(pool, cmd, 1, 2, Gather::AllOk, conn.affinity).await
         }
         Route::Sum => {
             if cmd.args.len() < 2 {
-                return err(pool, arity(&name));
+                return err(pool, arity(name));
             }
             split(pool, cmd, 1, 1, Gather::Sum, conn.affinity).await
         }

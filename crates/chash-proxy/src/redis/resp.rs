@@ -38,6 +38,20 @@ impl Command {
         String::from_utf8_lossy(&self.args[0]).to_ascii_uppercase()
     }
 
+    /// The command name in upper case, written into `buf` without
+    /// allocating; an empty string for names longer than `buf` or not ASCII
+    /// (no command has such a name).
+    pub fn name_in<'b>(&self, buf: &'b mut [u8; 32]) -> &'b str {
+        let raw = &self.args[0];
+        if raw.len() > buf.len() || !raw.is_ascii() {
+            return "";
+        }
+        for (d, s) in buf.iter_mut().zip(raw.iter()) {
+            *d = s.to_ascii_uppercase();
+        }
+        std::str::from_utf8(&buf[..raw.len()]).unwrap_or("")
+    }
+
     /// A command from its arguments.
     pub fn new(args: Vec<Bytes>) -> Command {
         Command { args, raw: None }
