@@ -317,7 +317,7 @@ async fn demo(args: DemoArgs) -> Result<()> {
     let ring_missed = missed(&keys, &ring_hits);
     // The missed keys are exactly the ones the leaving shard held.
     let leaving_store = &ring.shards[LEAVING].store;
-    let from_leaving = ring_missed.iter().filter(|k| store_has(leaving_store, k)).count();
+    let from_leaving = ring_missed.iter().filter(|k| leaving_store.contains(k.as_bytes())).count();
     progress.step("refilling the missed keys");
     set_all(ring.addr, &ring_missed).await?;
     set_all(modula.addr, &missed(&keys, &mod_hits)).await?;
@@ -423,19 +423,6 @@ async fn demo(args: DemoArgs) -> Result<()> {
     let path = std::fs::canonicalize(&args.report).unwrap_or(args.report.clone());
     writeln!(out, "Report: {}  ({:.1} s)", path.display(), started.elapsed().as_secs_f64())?;
     Ok(())
-}
-
-fn store_has(store: &chash_proxy::embedded::Store, key: &str) -> bool {
-    let mut out = bytes::BytesMut::new();
-    store.execute(
-        &chash_proxy::memcache::Request::Retrieval {
-            cmd: chash_proxy::memcache::RetrievalCmd::Get,
-            exptime: 0,
-            keys: vec![bytes::Bytes::copy_from_slice(key.as_bytes())],
-        },
-        &mut out,
-    );
-    out.starts_with(b"VALUE")
 }
 
 /// The servers of the demo under one distribution, `shard-c` leaving and

@@ -7,9 +7,9 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use chash::analysis::{diff, optimal_movement, Diff};
+use chash::analysis::optimal_movement;
 use chash::config::{AnyPlacement, Distribution, Pool, Snapshot};
-use chash::{PointRing, ServerLine};
+use chash::ServerLine;
 use clap::Args;
 use serde_json::{json, Value};
 
@@ -167,26 +167,6 @@ fn same_settings(a: &Pool, b: &Pool) -> bool {
         && a.anchor_capacity == b.anchor_capacity
 }
 
-/// The exact diff where both placements are made of points.
-fn diff_any(old: &AnyPlacement, new: &AnyPlacement) -> Option<chash::Result<Diff>> {
-    fn against<A: PointRing>(old: &A, new: &AnyPlacement) -> Option<chash::Result<Diff>> {
-        Some(match new {
-            AnyPlacement::Ring(n) => diff(old, n),
-            AnyPlacement::Ketama(n) => diff(old, n),
-            AnyPlacement::Nginx(n) => diff(old, n),
-            AnyPlacement::Bounded(n) => diff(old, n.ring()),
-            _ => return None,
-        })
-    }
-    match old {
-        AnyPlacement::Ring(o) => against(o, new),
-        AnyPlacement::Ketama(o) => against(o, new),
-        AnyPlacement::Nginx(o) => against(o, new),
-        AnyPlacement::Bounded(o) => against(o.ring(), new),
-        _ => None,
-    }
-}
-
 /// Owner ids of every key under both placements, in key order, as chash
 /// route places them; the loads bounded takes are given back afterwards.
 fn for_each_owner_pair(
@@ -294,7 +274,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     let optimal = optimal_movement(old.nodes(), new.nodes());
 
     // Exact arcs where both are made of points, else shares of sampled keys.
-    let exact = diff_any(old.placement(), new.placement()).transpose()?;
+    let exact = AnyPlacement::diff(old.placement(), new.placement()).transpose()?;
     let (moved, pairs, sampled_keys) = match &exact {
         Some(d) => {
             (d.moved, d.pairs.iter().map(|p| (p.from.clone(), p.to.clone(), p.fraction)).collect::<Vec<_>>(), None)

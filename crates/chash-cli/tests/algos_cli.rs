@@ -1,25 +1,12 @@
 //! `chash route` with every algorithm of `chash::algo`: the binary agrees
 //! with the library (two processes, the same placement), run after run.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod common;
+
+use common::chash;
 
 use chash::config::{Distribution, Pool};
 use chash::ServerLine;
-
-fn chash(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_chash"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("chash runs");
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin).unwrap();
-    drop(input);
-    child.wait_with_output().unwrap()
-}
 
 #[test]
 fn every_distribution_routes_as_the_library_does() {

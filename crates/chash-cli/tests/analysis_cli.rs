@@ -1,28 +1,15 @@
 //! `chash analyze`, `chash plan` and `chash bench` run as a user would, with
 //! their numbers checked against the library and against `chash route`.
 
+mod common;
+
+use common::chash;
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
 
 use chash::config::{Config, Pool};
 use chash::ServerLine;
 use serde_json::Value;
-
-fn chash(args: &[&str], stdin: &[u8]) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_chash"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("chash runs");
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin).unwrap();
-    drop(input);
-    child.wait_with_output().unwrap()
-}
 
 /// Runs chash and expects success.
 fn ok(args: &[&str]) -> String {

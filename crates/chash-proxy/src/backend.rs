@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -101,7 +101,6 @@ pub struct Server {
     line: ServerLine,
     address: Address,
     queues: Vec<mpsc::Sender<Job>>,
-    next: AtomicUsize,
     failures: AtomicU32,
     /// Set while the server is unreachable (the last attempt failed).
     down: AtomicBool,
@@ -141,7 +140,6 @@ impl Server {
             line,
             address,
             queues,
-            next: AtomicUsize::new(0),
             failures: AtomicU32::new(0),
             down: AtomicBool::new(false),
             failure_limit: settings.failure_limit.max(1),
@@ -200,14 +198,6 @@ impl Server {
             let _ = job.reply.send(Err(BackendError::Gone));
         }
         rx
-    }
-
-    /// Sends a request and waits for its reply.
-    pub async fn call(&self, data: Bytes, kind: ReplyKind) -> Result<Reply, BackendError> {
-        let started = Instant::now();
-        let affinity = self.next.fetch_add(1, Relaxed);
-        let rx = self.submit(data, kind, affinity).await;
-        self.finish(rx, started).await
     }
 
     /// Waits for a submitted request's reply and records the outcome.

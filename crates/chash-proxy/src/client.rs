@@ -43,7 +43,7 @@ fn server_error(server: &Server, e: &BackendError) -> Bytes {
 pub(crate) static NEXT_CLIENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Requests a client may have outstanding before the proxy stops reading.
-pub(crate) const MAX_PIPELINE: usize = 1024;
+const MAX_PIPELINE: usize = 1024;
 
 /// Serves one client connection until it closes, quits, idles out, or the
 /// proxy shuts down (in-flight requests are answered first).
@@ -53,14 +53,8 @@ where
 {
     // This connection's requests to a server all use one backend connection.
     let affinity = NEXT_CLIENT.fetch_add(1, Relaxed);
-    let (mut r, mut w) = tokio::io::split(stream);
-    let (tx, rx) = mpsc::channel::<PendingReply>(MAX_PIPELINE);
-    // Reader and writer run in this one task (joined, not spawned): a reply
-    // becoming ready wakes this task directly, with no hand-off between tasks.
-    let writer = async move {
-        let _ = write_replies(&mut w, rx).await;
-        let _ = w.shutdown().await;
-    };
+    let (mut r, w) = tokio::io::split(stream);
+    let (tx, writer) = reply_writer(w);
     let reader = async move {
         let mut buf = BytesMut::with_capacity(16 * 1024);
         let mut discard = 0usize;
@@ -123,10 +117,20 @@ fn poll_now(f: &mut PendingReply) -> Poll<Option<Bytes>> {
     f.as_mut().poll(&mut cx)
 }
 
-pub(crate) async fn write_replies<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    mut rx: mpsc::Receiver<PendingReply>,
-) -> std::io::Result<()> {
+/// A connection's reply writer: replies queued on the sender are written in
+/// order, and the future ends (shutting the write side) once the sender is
+/// dropped. Run it joined with the connection's reader, in the same task: a
+/// reply becoming ready then wakes that task directly, with no hand-off.
+pub(crate) fn reply_writer<W: AsyncWrite + Unpin>(mut w: W) -> (mpsc::Sender<PendingReply>, impl Future<Output = ()>) {
+    let (tx, rx) = mpsc::channel::<PendingReply>(MAX_PIPELINE);
+    let writer = async move {
+        let _ = write_replies(&mut w, rx).await;
+        let _ = w.shutdown().await;
+    };
+    (tx, writer)
+}
+
+async fn write_replies<W: AsyncWrite + Unpin>(w: &mut W, mut rx: mpsc::Receiver<PendingReply>) -> std::io::Result<()> {
     let mut out = BytesMut::with_capacity(16 * 1024);
     loop {
         let mut next = match rx.try_recv() {

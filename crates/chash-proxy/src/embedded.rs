@@ -96,6 +96,11 @@ impl Store {
         }
     }
 
+    /// Whether a live item is stored under `key`.
+    pub fn contains(&self, key: &[u8]) -> bool {
+        Store::live(&mut self.segment(key), key).is_some()
+    }
+
     /// Items held now (expired ones not yet removed included).
     pub fn items(&self) -> usize {
         self.segments.iter().map(|s| s.lock().unwrap_or_else(|e| e.into_inner()).len()).sum()

@@ -595,15 +595,9 @@ fn moved_fraction(old: Option<&Routing>, old_m: &[Member], new: Option<&Routing>
     let (Some(Routing::Placed { snapshot: a, .. }), Some(Routing::Placed { snapshot: b, .. })) = (old, new) else {
         return if old.is_some() != new.is_some() { 1.0 } else { sampled(old, old_m, new, new_m) };
     };
-    let exact = match (a.placement(), b.placement()) {
-        (AnyPlacement::Ring(x), AnyPlacement::Ring(y)) => chash::analysis::diff(x, y).ok(),
-        (AnyPlacement::Ketama(x), AnyPlacement::Ketama(y)) => chash::analysis::diff(x, y).ok(),
-        (AnyPlacement::Nginx(x), AnyPlacement::Nginx(y)) => chash::analysis::diff(x, y).ok(),
-        _ => None,
-    };
-    match exact {
-        Some(d) => d.moved,
-        None => sampled(old, old_m, new, new_m),
+    match a.placement().diff(b.placement()) {
+        Some(Ok(d)) => d.moved,
+        _ => sampled(old, old_m, new, new_m),
     }
 }
 

@@ -605,6 +605,27 @@ impl AnyPlacement {
         }
     }
 
+    /// The exact diff to `new` ([`crate::analysis::diff`]) when both are made
+    /// of points (the rings; `bounded` by its ring), else `None`.
+    pub fn diff(&self, new: &AnyPlacement) -> Option<Result<crate::analysis::Diff>> {
+        fn against<A: crate::PointRing>(old: &A, new: &AnyPlacement) -> Option<Result<crate::analysis::Diff>> {
+            Some(match new {
+                AnyPlacement::Ring(n) => crate::analysis::diff(old, n),
+                AnyPlacement::Ketama(n) => crate::analysis::diff(old, n),
+                AnyPlacement::Nginx(n) => crate::analysis::diff(old, n),
+                AnyPlacement::Bounded(n) => crate::analysis::diff(old, n.ring()),
+                _ => return None,
+            })
+        }
+        match self {
+            AnyPlacement::Ring(o) => against(o, new),
+            AnyPlacement::Ketama(o) => against(o, new),
+            AnyPlacement::Nginx(o) => against(o, new),
+            AnyPlacement::Bounded(o) => against(o.ring(), new),
+            _ => None,
+        }
+    }
+
     /// The node for a request for hash value `hash` that holds load until
     /// [`release`](AnyPlacement::release)d: with `bounded`, the first node
     /// under its cap ([`Bounded::acquire_hash`]); otherwise the owner.

@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::sync::watch;
 
 use crate::backend::Server;
-use crate::client::{ready, ready_owned, sleep_opt, write_replies, PendingReply, MAX_PIPELINE, NEXT_CLIENT};
+use crate::client::{ready, ready_owned, reply_writer, sleep_opt, PendingReply, NEXT_CLIENT};
 use crate::memcache::{Reply, ReplyKind};
 use crate::pool::Pool;
 use crate::Shared;
@@ -39,14 +39,8 @@ pub async fn serve<S>(stream: S, pool: Arc<Pool>, shared: Arc<Shared>, mut shutd
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (mut r, mut w) = tokio::io::split(stream);
-    let (tx, rx) = mpsc::channel::<PendingReply>(MAX_PIPELINE);
-    // Reader and writer run in this one task (joined, not spawned): a reply
-    // becoming ready wakes this task directly, with no hand-off between tasks.
-    let writer = async move {
-        let _ = write_replies(&mut w, rx).await;
-        let _ = w.shutdown().await;
-    };
+    let (mut r, w) = tokio::io::split(stream);
+    let (tx, writer) = reply_writer(w);
     let reader = async move {
         let mut conn = Conn { authed: pool.settings.redis_auth.is_none(), affinity: NEXT_CLIENT.fetch_add(1, Relaxed) };
         let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value_size.max(512) };
