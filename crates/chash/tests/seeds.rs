@@ -186,3 +186,20 @@ fn seed000_ring_as_a_config() {
     assert!(hashes.contains(&sum(b"machineA01")));
     assert!(s.route(b"10.3.0.201").is_some());
 }
+
+/// Seed 004's ring as a config: one point per server at FNV1_32 of the
+/// server string; its String.hashCode() counter-example is tested in hash.rs.
+#[test]
+fn seed004_ring_as_a_config() {
+    let s = snapshot("seed004.yml");
+    let chash::config::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
+    assert_eq!(ring.point_count(), 5);
+    for (pos, &p) in ring.point_hashes().iter().enumerate() {
+        let id = ring.nodes()[ring.point_owner(pos)].id();
+        assert_eq!(p, KeyHasher::JavaFnv1_32.hash(id.as_bytes()), "{id}");
+    }
+    // Unlike String.hashCode(), FNV1_32 spreads these neighbours over the ring.
+    let values: Vec<i128> = ring.point_hashes().iter().map(|&p| KeyHasher::JavaFnv1_32.value_of_position(p)).collect();
+    let spread = values.iter().max().unwrap() - values.iter().min().unwrap();
+    assert!(spread > 1 << 29, "{values:?}");
+}
