@@ -71,14 +71,6 @@ impl Owners {
             Owners::Wide(v) => v.capacity() * 4,
         }
     }
-
-    /// These owners, wide enough for `node_count` nodes.
-    fn widened(&self, node_count: usize) -> Owners {
-        match self {
-            Owners::Narrow(v) if node_count > NARROW_LIMIT => Owners::Wide(v.iter().map(|&o| u32::from(o)).collect()),
-            other => other.clone(),
-        }
-    }
 }
 
 /// The sorted points of a ring and their bucket index.
@@ -240,13 +232,19 @@ impl Points {
     /// A new point set: these points plus `added` (sorted by [`cmp_points`]),
     /// block-copied around one binary search per added point.
     pub(crate) fn merged(&self, node_count: usize, added: &[RawPoint], rank: &[u32]) -> Points {
-        let (hashes, owners) = match self.owners.widened(node_count) {
+        let (hashes, owners) = match &self.owners {
+            // The new node needs more than 16 bits: widen once, then merge.
+            Owners::Narrow(o) if node_count > NARROW_LIMIT => {
+                let wide: Vec<u32> = o.iter().map(|&x| u32::from(x)).collect();
+                let (h, o) = merge_into(&self.hashes, &wide, added, rank);
+                (h, Owners::Wide(o))
+            }
             Owners::Narrow(o) => {
-                let (h, o) = merge_into(&self.hashes, &o, added, rank);
+                let (h, o) = merge_into(&self.hashes, o, added, rank);
                 (h, Owners::Narrow(o))
             }
             Owners::Wide(o) => {
-                let (h, o) = merge_into(&self.hashes, &o, added, rank);
+                let (h, o) = merge_into(&self.hashes, o, added, rank);
                 (h, Owners::Wide(o))
             }
         };
