@@ -558,13 +558,7 @@ fn next_routing(
         }
         Step::Weight(id, w) => snapshot.with_weight(&id, w).map_err(err)?,
     };
-    let to_member = snapshot
-        .nodes()
-        .iter()
-        .map(|n| members.iter().position(|m| m.line.id == n.id() && m.ejected.is_none()))
-        .collect::<Option<Vec<usize>>>()
-        .ok_or_else(|| PoolError(format!("pool {:?}: placement and servers disagree", config.name)))?;
-    Ok(Some(Routing::Placed { snapshot, to_member }))
+    placed(snapshot, config, members).map(Some)
 }
 
 /// The routing over the members that are not ejected.
@@ -579,14 +573,19 @@ fn build_routing(config: &PoolConfig, members: &[Member]) -> Result<Option<Routi
     let mut live_config = config.clone();
     live_config.servers = live.iter().map(|&i| members[i].line.clone()).collect();
     let snapshot = live_config.snapshot().map_err(|e| PoolError(format!("pool {:?}: {e}", config.name)))?;
-    // The placement may order nodes its own way (twemproxy sorts by name).
+    placed(snapshot, config, members).map(Some)
+}
+
+/// A placed routing: each placement node mapped (by id) to its live member;
+/// the placement may order nodes its own way (twemproxy sorts by name).
+fn placed(snapshot: Snapshot, config: &PoolConfig, members: &[Member]) -> Result<Routing, PoolError> {
     let to_member = snapshot
         .nodes()
         .iter()
-        .map(|n| live.iter().copied().find(|&i| members[i].line.id == n.id()))
+        .map(|n| members.iter().position(|m| m.line.id == n.id() && m.ejected.is_none()))
         .collect::<Option<Vec<usize>>>()
         .ok_or_else(|| PoolError(format!("pool {:?}: placement and servers disagree", config.name)))?;
-    Ok(Some(Routing::Placed { snapshot, to_member }))
+    Ok(Routing::Placed { snapshot, to_member })
 }
 
 /// Share of the key space whose server changes between two routings:
