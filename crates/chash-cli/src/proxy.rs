@@ -72,7 +72,9 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "SECS", default_value_t = 0)]
     client_idle_timeout: u64,
 
-    /// Worker threads (default: one per core).
+    /// Worker threads, each serving its share of the client connections
+    /// with its own backend connections (default: one per core; a pool's
+    /// server_connections are per worker).
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
 
@@ -117,8 +119,14 @@ pub fn run(args: ProxyArgs) -> Result<()> {
         return Ok(());
     }
     init_logging(args.verbosity);
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the runtime")?;
+    // Client and backend connections run on the worker threads (one
+    // single-threaded runtime each); this one accepts connections and runs
+    // the admin endpoint, signals and the embedded shards.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("cannot start the runtime")?;
     runtime.block_on(serve(args))
 }
 
@@ -130,6 +138,11 @@ async fn serve(args: ProxyArgs) -> Result<()> {
         config_path: args.config.clone(),
         drain: chash_proxy::DEFAULT_DRAIN,
         lenient_keys: args.lenient_keys,
+        threads: Some(match args.threads {
+            Some(0) => anyhow::bail!("--threads must be at least 1"),
+            Some(n) => n,
+            None => std::thread::available_parallelism().map_or(1, usize::from),
+        }),
     };
     let (specs, embedded) = match &args.config {
         Some(path) => {

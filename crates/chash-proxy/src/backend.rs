@@ -22,6 +22,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::memcache::{parse_reply, Reply, ReplyKind, ReplyParse};
 use crate::stats::ServerStats;
+use crate::workers::Workers;
 
 /// Why a request got no reply from its backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,7 +101,8 @@ struct Job {
 pub struct Server {
     line: ServerLine,
     address: Address,
-    queues: Vec<mpsc::Sender<Job>>,
+    /// Request queues, one per connection, by worker: `queues[worker][connection]`.
+    queues: Vec<Vec<mpsc::Sender<Job>>>,
     failures: AtomicU32,
     /// Set while the server is unreachable (the last attempt failed).
     down: AtomicBool,
@@ -120,10 +122,23 @@ impl fmt::Debug for Server {
 }
 
 impl Server {
-    /// Starts the connection tasks of a server. `on_failure` receives the
-    /// server's id when its consecutive failures reach the failure limit.
-    /// Must be called inside a tokio runtime.
+    /// Starts the connection tasks of a server on the calling runtime.
+    /// `on_failure` receives the server's id when its consecutive failures
+    /// reach the failure limit. Must be called inside a tokio runtime.
     pub fn start(
+        line: ServerLine,
+        address: Address,
+        settings: &BackendSettings,
+        on_failure: Option<mpsc::UnboundedSender<String>>,
+    ) -> Arc<Server> {
+        Server::start_on(&Workers::current(), line, address, settings, on_failure)
+    }
+
+    /// Starts the connection tasks of a server: `settings.connections` on
+    /// each worker, so requests queued from a worker's client connections
+    /// stay on that worker's thread.
+    pub fn start_on(
+        workers: &Workers,
         line: ServerLine,
         address: Address,
         settings: &BackendSettings,
@@ -131,10 +146,14 @@ impl Server {
     ) -> Arc<Server> {
         let mut queues = Vec::new();
         let mut receivers = Vec::new();
-        for _ in 0..settings.connections.max(1) {
-            let (tx, rx) = mpsc::channel(4096);
-            queues.push(tx);
-            receivers.push(rx);
+        for worker in 0..workers.len() {
+            let mut txs = Vec::new();
+            for _ in 0..settings.connections.max(1) {
+                let (tx, rx) = mpsc::channel(4096);
+                txs.push(tx);
+                receivers.push((worker, rx));
+            }
+            queues.push(txs);
         }
         let server = Arc::new(Server {
             line,
@@ -147,12 +166,12 @@ impl Server {
             retry: Arc::new(tokio::sync::Notify::new()),
             stats: ServerStats::default(),
         });
-        for rx in receivers {
+        for (worker, rx) in receivers {
             let weak = Arc::downgrade(&server);
             let address = server.address.clone();
             let settings = settings.clone();
             let retry = server.retry.clone();
-            tokio::spawn(async move { connection_slot(rx, address, settings, weak, retry).await });
+            workers.spawn_on(worker, async move { connection_slot(rx, address, settings, weak, retry).await });
         }
         server
     }
@@ -180,10 +199,11 @@ impl Server {
     /// Queues a request and returns the channel its reply arrives on. Waits
     /// only when the connection's queue is full (backpressure).
     ///
-    /// Requests with the same `affinity` (a client connection's number) use
-    /// the same backend connection, so one client's requests to a server are
-    /// executed in the order it sent them (a `set` then a `get` of the same
-    /// key never overtake each other).
+    /// The request goes on a connection of the calling thread's worker.
+    /// Requests with the same `affinity` (a client connection's number) from
+    /// the same worker use the same backend connection, so one client's
+    /// requests to a server are executed in the order it sent them (a `set`
+    /// then a `get` of the same key never overtake each other).
     pub async fn submit(
         &self,
         data: Bytes,
@@ -192,9 +212,9 @@ impl Server {
     ) -> oneshot::Receiver<Result<Reply, BackendError>> {
         let (tx, rx) = oneshot::channel();
         self.stats.requests.fetch_add(1, Relaxed);
-        let i = affinity % self.queues.len();
+        let queues = &self.queues[crate::workers::current_index() % self.queues.len()];
         let job = Job { data, kind, reply: tx };
-        if let Err(mpsc::error::SendError(job)) = self.queues[i].send(job).await {
+        if let Err(mpsc::error::SendError(job)) = queues[affinity % queues.len()].send(job).await {
             let _ = job.reply.send(Err(BackendError::Gone));
         }
         rx

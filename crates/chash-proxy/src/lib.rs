@@ -13,6 +13,8 @@
 //!   multi-key gets split by server and reassembled.
 //! - [`admin`]: the HTTP admin/stats endpoint (JSON, Prometheus text).
 //! - [`embedded`]: in-process cache shards for the no-config default.
+//! - [`workers`]: one single-threaded runtime per worker thread, each with
+//!   its own client and backend connections.
 //! - [`proxy`]: listeners, signals (SIGHUP reload, SIGINT/SIGTERM graceful
 //!   shutdown) and the whole running proxy.
 
@@ -27,6 +29,7 @@ pub mod pool;
 pub mod proxy;
 pub mod redis;
 pub mod stats;
+pub mod workers;
 
 pub use pool::{Change, Pool, PoolError};
 pub use proxy::{start, Proxy, ProxyOptions, Running};

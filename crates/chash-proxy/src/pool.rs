@@ -19,6 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::backend::{Address, BackendSettings, Server};
 use crate::stats::PoolStats;
+use crate::workers::Workers;
 
 /// A pool's settings beyond placement, with twemproxy's defaults.
 #[derive(Clone, Debug)]
@@ -177,6 +178,7 @@ pub struct Pool {
     addresses: HashMap<String, Address>,
     state: ArcSwap<PoolState>,
     failures: mpsc::UnboundedSender<String>,
+    workers: Arc<Workers>,
     /// Counters.
     pub stats: PoolStats,
 }
@@ -207,12 +209,25 @@ impl Pool {
     /// # Errors
     /// When the config cannot place keys (for example duplicate server ids).
     pub fn start(config: PoolConfig, addresses: HashMap<String, Address>) -> Result<Arc<Pool>, PoolError> {
+        Pool::start_on(config, addresses, Workers::current())
+    }
+
+    /// As [`Pool::start`], with the servers' connections on `workers` (each
+    /// worker gets its own).
+    ///
+    /// # Errors
+    /// As [`Pool::start`].
+    pub fn start_on(
+        config: PoolConfig,
+        addresses: HashMap<String, Address>,
+        workers: Arc<Workers>,
+    ) -> Result<Arc<Pool>, PoolError> {
         let settings = PoolSettings::of(&config);
         let (failures, failure_rx) = mpsc::unbounded_channel();
         let mut members = Vec::new();
         for line in &config.servers {
             let address = addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-            let server = Server::start(line.clone(), address, &settings.backend, Some(failures.clone()));
+            let server = Server::start_on(&workers, line.clone(), address, &settings.backend, Some(failures.clone()));
             members.push(Member { line: line.clone(), server, ejected: None });
         }
         let routing = build_routing(&config, &members)?;
@@ -223,10 +238,20 @@ impl Pool {
             addresses,
             state: ArcSwap::from_pointee(PoolState { members, routing }),
             failures,
+            workers,
             stats: PoolStats::default(),
         });
         tokio::spawn(health_task(Arc::downgrade(&pool), failure_rx));
         Ok(pool)
+    }
+
+    fn start_server(&self, line: ServerLine, address: Address) -> Arc<Server> {
+        Server::start_on(&self.workers, line, address, &self.settings.backend, Some(self.failures.clone()))
+    }
+
+    /// The workers the pool's connections run on.
+    pub fn workers(&self) -> &Arc<Workers> {
+        &self.workers
     }
 
     /// The current state (lock-free).
@@ -282,7 +307,7 @@ impl Pool {
                     return Err(PoolError(format!("server {:?} is already in pool {:?}", line.id, config.name)));
                 }
                 let address = self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-                let server = Server::start(line.clone(), address, &self.settings.backend, Some(self.failures.clone()));
+                let server = self.start_server(line.clone(), address);
                 config.servers.push(line.clone());
                 members.push(Member { line, server, ejected: None });
                 Ok(())
@@ -377,12 +402,7 @@ impl Pool {
                         None => {
                             let address =
                                 self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-                            let server = Server::start(
-                                line.clone(),
-                                address,
-                                &self.settings.backend,
-                                Some(self.failures.clone()),
-                            );
+                            let server = self.start_server(line.clone(), address);
                             Member { line: line.clone(), server, ejected: None }
                         }
                     };

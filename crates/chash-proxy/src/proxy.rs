@@ -13,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::backend::Address;
 use crate::pool::{Change, Pool, PoolError};
+use crate::workers::Workers;
 use crate::{client, Shared};
 
 /// Process-level options (command-line flags rather than pool settings).
@@ -32,6 +33,10 @@ pub struct ProxyOptions {
     /// Accept keys with control bytes, as memcached and twemproxy do
     /// (protocol.txt forbids them; refused by default).
     pub lenient_keys: bool,
+    /// Worker threads, each a single-threaded runtime with its own client
+    /// and backend connections (see [`crate::workers`]). `None`: no worker
+    /// threads; connections run on the runtime that calls [`start`].
+    pub threads: Option<usize>,
 }
 
 impl Default for ProxyOptions {
@@ -43,6 +48,7 @@ impl Default for ProxyOptions {
             config_path: None,
             drain: crate::DEFAULT_DRAIN,
             lenient_keys: false,
+            threads: None,
         }
     }
 }
@@ -128,6 +134,7 @@ pub struct Running {
     pub admin: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    workers: Arc<Workers>,
 }
 
 impl Running {
@@ -149,6 +156,7 @@ impl Running {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        self.workers.stop();
     }
 
     /// A receiver that turns true when shutdown begins.
@@ -178,8 +186,12 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
     let mut started = Vec::new();
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
+    let workers = match options.threads {
+        Some(n) => Workers::start(n).map_err(|e| format!("cannot start {n} worker threads: {e}"))?,
+        None => Workers::current(),
+    };
     for spec in pools {
-        let pool = Pool::start(spec.config, spec.addresses).map_err(|e| e.to_string())?;
+        let pool = Pool::start_on(spec.config, spec.addresses, workers.clone()).map_err(|e| e.to_string())?;
         let listener = bind(&pool.settings.listen, pool.settings.backlog)
             .map_err(|e| format!("pool {:?}: cannot listen on {}: {e}", pool.name, pool.settings.listen))?;
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
@@ -204,7 +216,7 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         }
         None => None,
     };
-    Ok(Running { proxy, listeners, admin, shutdown, tasks })
+    Ok(Running { proxy, listeners, admin, shutdown, tasks, workers })
 }
 
 async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
@@ -239,11 +251,12 @@ async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>
         let pool = pool.clone();
         let shared = shared.clone();
         let stop = stop.clone();
-        tokio::spawn(async move {
-            if pool.settings.redis {
-                crate::redis::serve(stream, pool.clone(), shared, stop).await;
-            } else {
-                client::serve(stream, pool.clone(), shared, stop).await;
+        let workers = pool.workers().clone();
+        workers.serve_tcp(stream, move |stream| async move {
+            match stream {
+                Ok(stream) if pool.settings.redis => crate::redis::serve(stream, pool.clone(), shared, stop).await,
+                Ok(stream) => client::serve(stream, pool.clone(), shared, stop).await,
+                Err(e) => tracing::warn!(pool = %pool.name, "cannot hand a connection to a worker: {e}"),
             }
             pool.stats.curr_connections.fetch_sub(1, Relaxed);
         });

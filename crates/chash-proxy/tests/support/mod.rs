@@ -182,6 +182,9 @@ impl Proxy {
             .collect();
         options.admin_addr = Some("127.0.0.1:0".parse().unwrap());
         options.config_path = path;
+        // As `chash proxy` runs: client and backend connections on worker
+        // threads (two, so that requests and membership changes cross them).
+        options.threads.get_or_insert(2);
         let (tx, rx) = mpsc::channel();
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let thread = thread::spawn(move || {
