@@ -364,6 +364,9 @@ fn print_text(
     if main.distribution == Distribution::Bounded {
         writeln!(out, "bounded: exact shares are the ring's; sampled keys over a server's cap went to the next")?;
     }
+    if main.distribution == Distribution::Multiprobe {
+        writeln!(out, "multiprobe: exact shares are the expected shares of uniformly random keys, from the points")?;
+    }
     if others.is_empty() {
         return Ok(());
     }

@@ -60,7 +60,10 @@ impl Workers {
         let (stop, _) = watch::channel(false);
         let mut handles = Vec::new();
         for index in 0..threads.max(1) {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .on_thread_park(std::thread::yield_now)
+                .build()?;
             handles.push(runtime.handle().clone());
             let mut stopped = stop.subscribe();
             std::thread::Builder::new().name(format!("chash-worker-{index}")).spawn(move || {

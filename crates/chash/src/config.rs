@@ -594,9 +594,12 @@ impl AnyPlacement {
 
     /// Exact ownership of the hash space per node, where the placement is
     /// made of points: the rings (for `bounded`, the ring's ownership, where
-    /// keys go while loads allow). `None` for the others.
+    /// keys go while loads allow), and `multiprobe` (its expected shares,
+    /// computed from the node points: [`crate::algo::MultiProbe::expected_shares`]).
+    /// `None` for the others.
     pub fn ownership(&self) -> Option<Vec<f64>> {
         match self {
+            AnyPlacement::MultiProbe(p) => Some(p.expected_shares()),
             AnyPlacement::Ring(p) => Some(crate::analysis::ownership(p)),
             AnyPlacement::Ketama(p) => Some(crate::analysis::ownership(p)),
             AnyPlacement::Nginx(p) => Some(crate::analysis::ownership(p)),
