@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
                 ReplyParse::Done(Reply::Values(raw)) => {
                     let _ = values(&raw);
                 }
-                ReplyParse::Done(Reply::Line(_)) => {}
+                ReplyParse::Done(Reply::Line(_) | Reply::Stream(_)) => {}
                 ReplyParse::Incomplete | ReplyParse::Invalid(_) => break,
             }
         }

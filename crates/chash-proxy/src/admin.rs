@@ -217,6 +217,7 @@ fn pool_json(pool: &Pool, counters: bool) -> Value {
         v["get_keys"] = json!(st.get_keys.load(Relaxed));
         v["get_hits"] = json!(st.get_hits.load(Relaxed));
         v["membership_changes"] = json!(st.membership_changes.load(Relaxed));
+        v["streamed_replies"] = json!(st.streamed_replies.load(Relaxed));
     }
     v
 }
@@ -243,7 +244,7 @@ fn metrics(proxy: &Proxy) -> String {
     let _ = writeln!(out, "# TYPE chash_uptime_seconds gauge");
     let _ = writeln!(out, "chash_uptime_seconds {}", proxy.shared.started.elapsed().as_secs());
     let pools = proxy.pools();
-    let pool_counters: [Metric<Pool>; 6] = [
+    let pool_counters: [Metric<Pool>; 7] = [
         ("chash_pool_client_connections", "gauge", "Client connections open.", |p| {
             p.stats.curr_connections.load(Relaxed)
         }),
@@ -257,6 +258,9 @@ fn metrics(proxy: &Proxy) -> String {
         ("chash_pool_get_hits_total", "counter", "Keys found.", |p| p.stats.get_hits.load(Relaxed)),
         ("chash_pool_membership_changes_total", "counter", "Membership changes applied.", |p| {
             p.stats.membership_changes.load(Relaxed)
+        }),
+        ("chash_pool_streamed_replies_total", "counter", "Large Redis replies passed on as they arrived.", |p| {
+            p.stats.streamed_replies.load(Relaxed)
         }),
     ];
     for (name, kind, help, get) in pool_counters {

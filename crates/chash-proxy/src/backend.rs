@@ -20,6 +20,7 @@ use chash::ServerLine;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::memcache::reply::{Chunk, ReplyStream};
 use crate::memcache::{parse_reply, Reply, ReplyKind, ReplyParse};
 use crate::stats::ServerStats;
 use crate::workers::Workers;
@@ -425,7 +426,7 @@ async fn run_connection(
     timeout: Option<Duration>,
 ) -> Result<(), String> {
     let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<InFlight>();
-    let mut reader = tokio::spawn(read_replies(r, inflight_rx));
+    let mut reader = tokio::spawn(read_replies(r, inflight_rx, timeout));
     let mut batch = BytesMut::with_capacity(16 * 1024);
     let mut pending = first;
     loop {
@@ -486,8 +487,19 @@ async fn run_connection(
     }
 }
 
+/// A RESP reply still incomplete with this many bytes buffered is passed on
+/// as it arrives instead of being held whole.
+pub const STREAM_AFTER: usize = 256 * 1024;
+
+/// Chunks of a streamed reply buffered between a backend and its client.
+const STREAM_CHUNKS: usize = 4;
+
 /// Reads replies and answers in-flight requests in order. Returns why it stopped.
-async fn read_replies(mut r: BoxRead, mut inflight: mpsc::UnboundedReceiver<InFlight>) -> Result<(), String> {
+async fn read_replies(
+    mut r: BoxRead,
+    mut inflight: mpsc::UnboundedReceiver<InFlight>,
+    timeout: Option<Duration>,
+) -> Result<(), String> {
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut waiting: VecDeque<InFlight> = VecDeque::new();
     let fail_all =
@@ -509,6 +521,17 @@ async fn read_replies(mut r: BoxRead, mut inflight: mpsc::UnboundedReceiver<InFl
                 ReplyParse::Done(reply) => {
                     if let Some(f) = waiting.pop_front() {
                         let _ = f.reply.send(Ok(reply));
+                    }
+                }
+                ReplyParse::Incomplete if front.kind == ReplyKind::Resp && buf.len() >= STREAM_AFTER => {
+                    // A large reply: hand the client a stream and pass the
+                    // reply on as it arrives.
+                    let Some(f) = waiting.pop_front() else { break };
+                    let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
+                    let _ = f.reply.send(Ok(Reply::Stream(ReplyStream(rx))));
+                    if let Err(e) = stream_reply(&mut r, &mut buf, tx, timeout).await {
+                        fail_all(&mut waiting, &mut inflight, BackendError::Closed(e.clone()));
+                        return Err(e);
                     }
                 }
                 ReplyParse::Incomplete => break,
@@ -539,6 +562,50 @@ async fn read_replies(mut r: BoxRead, mut inflight: mpsc::UnboundedReceiver<InFl
                 fail_all(&mut waiting, &mut inflight, BackendError::Timeout);
                 return Err("reply timed out".into());
             }
+        }
+    }
+}
+
+/// Passes one RESP reply from the front of `buf` and the connection on to
+/// `tx` as it arrives, holding at most a read's worth plus the channel's few
+/// chunks. A client that goes away, or does not take a chunk within the
+/// timeout (30 s without one), gets no more of it: the rest of the reply is
+/// read and dropped so the connection stays in step. Errors when the
+/// connection breaks or the bytes are not RESP.
+async fn stream_reply(
+    r: &mut BoxRead,
+    buf: &mut BytesMut,
+    tx: mpsc::Sender<Chunk>,
+    timeout: Option<Duration>,
+) -> Result<(), String> {
+    let patience = timeout.unwrap_or(Duration::from_secs(30));
+    let mut scanner = crate::redis::resp::FrameScanner::default();
+    let mut tx = Some(tx);
+    loop {
+        let (used, last) = scanner.scan(buf)?;
+        if used > 0 {
+            let data = buf.split_to(used).freeze();
+            if let Some(t) = &tx {
+                match tokio::time::timeout(patience, t.send(Chunk { data, last })).await {
+                    Ok(Ok(())) => {}
+                    // Gone or stuck: it gets a cut-short reply and its
+                    // connection closes.
+                    _ => tx = None,
+                }
+            }
+        }
+        if last {
+            return Ok(());
+        }
+        buf.reserve(64 * 1024);
+        let n = match timeout {
+            Some(t) => tokio::time::timeout(t, r.read_buf(buf)).await.map_err(|_| "reply timed out".to_owned())?,
+            None => r.read_buf(buf).await,
+        };
+        match n {
+            Ok(0) => return Err("server closed the connection".into()),
+            Ok(_) => {}
+            Err(e) => return Err(e.to_string()),
         }
     }
 }

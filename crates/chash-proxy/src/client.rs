@@ -20,21 +20,44 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
 use crate::backend::{BackendError, Server};
+use crate::memcache::reply::ReplyStream;
 use crate::memcache::request::skip_discarded;
 use crate::memcache::{parse_request, values, Limits, Parsed, Reply, ReplyKind, Request, RetrievalCmd};
 use crate::pool::Pool;
 use crate::Shared;
 
 /// A reply in the making: `None` means nothing is written (noreply).
-pub(crate) type PendingReply = Pin<Box<dyn Future<Output = Option<Bytes>> + Send>>;
+pub(crate) type PendingReply = Pin<Box<dyn Future<Output = Option<Out>> + Send>>;
+
+/// A reply ready to be written.
+pub(crate) enum Out {
+    /// All of it.
+    Bytes(Bytes),
+    /// A large reply arriving from its backend a chunk at a time.
+    Stream(ReplyStream),
+}
+
+impl From<Bytes> for Out {
+    fn from(b: Bytes) -> Out {
+        Out::Bytes(b)
+    }
+}
+
+/// A reply whose bytes come whole.
+pub(crate) fn bytes_reply(f: impl Future<Output = Option<Bytes>> + Send + 'static) -> PendingReply {
+    Box::pin(async move { f.await.map(Out::Bytes) })
+}
 
 pub(crate) fn ready(bytes: &'static [u8]) -> PendingReply {
-    Box::pin(std::future::ready(Some(Bytes::from_static(bytes))))
+    Box::pin(std::future::ready(Some(Out::Bytes(Bytes::from_static(bytes)))))
 }
 
 pub(crate) fn ready_owned(bytes: Bytes) -> PendingReply {
-    Box::pin(std::future::ready(Some(bytes)))
+    Box::pin(std::future::ready(Some(Out::Bytes(bytes))))
 }
+
+/// A memcached backend's reply that does not fit the request.
+const UNEXPECTED: &[u8] = b"SERVER_ERROR unexpected reply from the backend\r\n";
 
 fn server_error(server: &Server, e: &BackendError) -> Bytes {
     Bytes::from(format!("SERVER_ERROR backend {} {e}\r\n", server.id()))
@@ -112,7 +135,7 @@ pub(crate) async fn sleep_opt(d: Option<Duration>) {
 
 /// Polls a future once without a real waker: replies already available are
 /// gathered into one write.
-fn poll_now(f: &mut PendingReply) -> Poll<Option<Bytes>> {
+fn poll_now(f: &mut PendingReply) -> Poll<Option<Out>> {
     let mut cx = Context::from_waker(std::task::Waker::noop());
     f.as_mut().poll(&mut cx)
 }
@@ -157,8 +180,28 @@ async fn write_replies<W: AsyncWrite + Unpin>(w: &mut W, mut rx: mpsc::Receiver<
                 next.await
             }
         };
-        if let Some(b) = bytes {
-            out.extend_from_slice(&b);
+        match bytes {
+            Some(Out::Bytes(b)) => out.extend_from_slice(&b),
+            Some(Out::Stream(ReplyStream(mut chunks))) => {
+                if !out.is_empty() {
+                    w.write_all(&out).await?;
+                    out.clear();
+                }
+                loop {
+                    match chunks.recv().await {
+                        Some(chunk) => {
+                            w.write_all(&chunk.data).await?;
+                            if chunk.last {
+                                break;
+                            }
+                        }
+                        // Part of a frame went out and the rest never will:
+                        // the connection cannot go on.
+                        None => return Err(std::io::Error::other("backend reply cut short")),
+                    }
+                }
+            }
+            None => {}
         }
         if out.len() >= 64 * 1024 {
             w.write_all(&out).await?;
@@ -211,7 +254,7 @@ async fn single_key(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingR
         drop(load);
         let bytes = match result {
             Ok(Reply::Line(line)) => line,
-            Ok(Reply::Values(_)) => {
+            Ok(Reply::Values(_) | Reply::Stream(_)) => {
                 Bytes::from_static(b"SERVER_ERROR backend sent values to a non-retrieval command\r\n")
             }
             Err(e) => {
@@ -219,7 +262,7 @@ async fn single_key(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingR
                 server_error(&server, &e)
             }
         };
-        (!noreply).then_some(bytes)
+        (!noreply).then_some(Out::Bytes(bytes))
     })
 }
 
@@ -257,7 +300,7 @@ async fn retrieval(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingRe
         waits.push((server, rx, started));
     }
     let pool = pool.clone();
-    Box::pin(async move {
+    bytes_reply(async move {
         let mut found: HashMap<Bytes, Bytes> = HashMap::new();
         let mut failure: Option<Bytes> = None;
         for (server, rx, started) in waits {
@@ -268,6 +311,7 @@ async fn retrieval(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingRe
                     }
                 }
                 Ok(Reply::Line(line)) => failure = failure.or(Some(line)),
+                Ok(Reply::Stream(_)) => failure = failure.or(Some(Bytes::from_static(UNEXPECTED))),
                 Err(e) => failure = failure.or_else(|| Some(server_error(&server, &e))),
             }
         }
@@ -315,15 +359,19 @@ async fn retrieval_one(
                 if raw.len() > 5 {
                     pool.stats.get_hits.fetch_add(1, Relaxed);
                 }
-                Some(raw)
+                Some(Out::Bytes(raw))
             }
             Ok(Reply::Line(line)) => {
                 pool.stats.errors.fetch_add(1, Relaxed);
-                Some(line)
+                Some(Out::Bytes(line))
+            }
+            Ok(Reply::Stream(_)) => {
+                pool.stats.errors.fetch_add(1, Relaxed);
+                Some(Out::Bytes(Bytes::from_static(UNEXPECTED)))
             }
             Err(e) => {
                 pool.stats.errors.fetch_add(1, Relaxed);
-                Some(server_error(&server, &e))
+                Some(Out::Bytes(server_error(&server, &e)))
             }
         }
     })
@@ -340,13 +388,13 @@ async fn flush_all(pool: &Arc<Pool>, req: &Request, noreply: bool, affinity: usi
         let rx = server.submit(data.clone(), ReplyKind::Line, affinity).await;
         waits.push((server, rx, started));
     }
-    Box::pin(async move {
+    bytes_reply(async move {
         let mut reply = Bytes::from_static(b"OK\r\n");
         for (server, rx, started) in waits {
             match server.finish(rx, started).await {
                 Ok(Reply::Line(line)) if &line[..] == b"OK\r\n" => {}
                 Ok(Reply::Line(line)) => reply = line,
-                Ok(Reply::Values(_)) => reply = Bytes::from_static(b"SERVER_ERROR unexpected reply to flush_all\r\n"),
+                Ok(Reply::Values(_) | Reply::Stream(_)) => reply = Bytes::from_static(UNEXPECTED),
                 Err(e) => reply = server_error(&server, &e),
             }
         }

@@ -112,4 +112,6 @@ pub struct PoolStats {
     pub cmd_set: AtomicU64,
     /// Membership changes applied.
     pub membership_changes: AtomicU64,
+    /// Large Redis replies passed on as they arrived instead of whole.
+    pub streamed_replies: AtomicU64,
 }

@@ -307,6 +307,85 @@ fn pipelining_many_clients_never_mixes_replies() {
     assert_eq!(mismatches.load(Relaxed), 0);
 }
 
+/// A value of `len` bytes that encodes its key and every position.
+fn big_value(key: &str, len: usize) -> String {
+    let mut v = String::with_capacity(len + 16);
+    let mut i = 0;
+    while v.len() < len {
+        v.push_str(&format!("{key}@{i:08};"));
+        i += 1;
+    }
+    v.truncate(len);
+    v
+}
+
+/// Large replies (a 3 MiB string, a list of 40,000 items) are passed on as
+/// they arrive, whole and in order between other replies on the same
+/// backend connection; a client that leaves halfway leaves the connection
+/// usable; a large part of a split command is refused clearly.
+#[test]
+fn large_replies_are_streamed() {
+    let rs = servers(2);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let proxy = Proxy::start(&config("  server_connections: 1\n", &refs));
+    let mut c = Resp::connect(proxy.addr);
+    // Built with APPEND in pieces under the request size limit (1 MiB).
+    let value = big_value("big", 3 << 20);
+    for piece in value.as_bytes().chunks(512 << 10) {
+        let reply = c.cmd(&["APPEND", "big", std::str::from_utf8(piece).unwrap()]);
+        assert!(reply.starts_with(':'), "{reply}");
+    }
+    assert_eq!(c.cmd(&["STRLEN", "big"]), format!(":{}", 3 << 20));
+    for i in 0..40_000 {
+        c.send(&["RPUSH", "list", &format!("item-{i:06}")]);
+    }
+    for i in 0..40_000 {
+        assert_eq!(c.read(), format!(":{}", i + 1));
+    }
+    c.cmd(&["SET", "small", "tiny"]);
+
+    // Pipelined around each other: every reply whole and in order.
+    let mut batch = Vec::new();
+    for args in [&["GET", "big"][..], &["GET", "small"], &["LRANGE", "list", "0", "-1"], &["GET", "big"]] {
+        batch.extend(Resp::encode(args));
+    }
+    c.w.write_all(&batch).unwrap();
+    assert!(c.read() == format!("\"{value}\""), "first GET big differs");
+    assert_eq!(c.read(), "\"tiny\"");
+    let items: Vec<String> = (0..40_000).map(|i| format!("\"item-{i:06}\"")).collect();
+    assert!(c.read() == format!("[{}]", items.join(", ")), "LRANGE differs");
+    assert!(c.read() == format!("\"{value}\""), "second GET big differs");
+    let (_, body) = proxy.admin("GET", "/stats", "");
+    let stats: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let streamed = stats["pools"][0]["streamed_replies"].as_u64().unwrap();
+    assert!(streamed >= 3, "streamed_replies = {streamed}");
+
+    // A client that reads a little and leaves: the backend connection (one
+    // per server per worker) goes on in step for everyone else.
+    for _ in 0..4 {
+        let mut quitter = Resp::connect(proxy.addr);
+        quitter.send(&["GET", "big"]);
+        let mut some = [0u8; 1000];
+        quitter.r.read_exact(&mut some).unwrap();
+        drop(quitter);
+    }
+    for i in 0..20 {
+        let k = format!("after-{i}");
+        assert_eq!(c.cmd(&["SET", &k, &k]), "+OK");
+        assert_eq!(c.cmd(&["GET", &k]), format!("\"{k}\""));
+    }
+    assert!(c.cmd(&["GET", "big"]) == format!("\"{value}\""));
+
+    // A split command cannot combine a streamed part: a clear error, and
+    // the connection goes on.
+    let mut keys = vec!["MGET".to_owned(), "big".to_owned()];
+    keys.extend((0..20).map(|i| format!("after-{i}")));
+    let args: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let reply = c.cmd(&args);
+    assert!(reply.starts_with("-ERR reply from") && reply.contains("too large"), "{reply}");
+    assert_eq!(c.cmd(&["GET", "small"]), "\"tiny\"");
+}
+
 #[test]
 fn a_killed_server_costs_only_its_keys_and_comes_back() {
     let mut rs = servers(3);

@@ -21,7 +21,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::watch;
 
 use crate::backend::Server;
-use crate::client::{ready, ready_owned, reply_writer, sleep_opt, PendingReply, NEXT_CLIENT};
+use crate::client::{bytes_reply, ready, ready_owned, reply_writer, sleep_opt, Out, PendingReply, NEXT_CLIENT};
 use crate::memcache::{Reply, ReplyKind};
 use crate::pool::Pool;
 use crate::Shared;
@@ -267,10 +267,14 @@ async fn send(pool: &Arc<Pool>, server: Arc<Server>, cmd: Command, affinity: usi
     let pool = pool.clone();
     Box::pin(async move {
         match server.finish(rx, started).await {
-            Ok(Reply::Line(frame)) | Ok(Reply::Values(frame)) => Some(frame),
+            Ok(Reply::Line(frame)) | Ok(Reply::Values(frame)) => Some(Out::Bytes(frame)),
+            Ok(Reply::Stream(stream)) => {
+                pool.stats.streamed_replies.fetch_add(1, Relaxed);
+                Some(Out::Stream(stream))
+            }
             Err(e) => {
                 pool.stats.errors.fetch_add(1, Relaxed);
-                Some(error(&format!("ERR backend {} {e}", server.id())))
+                Some(Out::Bytes(error(&format!("ERR backend {} {e}", server.id()))))
             }
         }
     })
@@ -324,12 +328,22 @@ async fn split(
         waits.push((server, rx, started, slots));
     }
     let pool = pool.clone();
-    Box::pin(async move {
+    bytes_reply(async move {
         let mut items: Vec<Option<Bytes>> = vec![None; total];
         let mut sum = 0i64;
         for (server, rx, started, slots) in waits {
             let frame = match server.finish(rx, started).await {
                 Ok(Reply::Line(f)) | Ok(Reply::Values(f)) => f,
+                Ok(Reply::Stream(_)) => {
+                    // Dropping the stream lets the backend connection read
+                    // past the rest of the reply.
+                    pool.stats.errors.fetch_add(1, Relaxed);
+                    return Some(error(&format!(
+                        "ERR reply from {} too large to combine with other servers' (over {} bytes): ask per server",
+                        server.id(),
+                        crate::backend::STREAM_AFTER
+                    )));
+                }
                 Err(e) => {
                     pool.stats.errors.fetch_add(1, Relaxed);
                     return Some(error(&format!("ERR backend {} {e}", server.id())));

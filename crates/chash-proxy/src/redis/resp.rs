@@ -254,6 +254,96 @@ pub fn parse_reply(buf: &mut BytesMut) -> Frame {
     }
 }
 
+/// Longest header line a reply may have (`$<len>`, `*<count>`, a status or
+/// an error line).
+const MAX_REPLY_LINE: usize = 64 * 1024;
+
+/// Finds where one reply frame ends a piece at a time, so that a large reply
+/// can be passed on as it arrives instead of being held whole: feed it the
+/// bytes in order with [`FrameScanner::scan`].
+#[derive(Debug, Default)]
+pub struct FrameScanner {
+    /// Elements still to come in each open array, innermost last.
+    open: Vec<i64>,
+    /// Bytes of the current bulk string (and its `\r\n`) still to come.
+    bulk_left: usize,
+}
+
+impl FrameScanner {
+    /// Scans the next bytes of the frame: how many of `buf` belong to it
+    /// (a header line split across reads is left for the next call), and
+    /// whether the frame ended there.
+    ///
+    /// # Errors
+    /// Bytes that are not a RESP reply.
+    pub fn scan(&mut self, buf: &[u8]) -> Result<(usize, bool), String> {
+        let mut pos = 0;
+        loop {
+            if self.bulk_left > 0 {
+                let take = self.bulk_left.min(buf.len() - pos);
+                pos += take;
+                self.bulk_left -= take;
+                if self.bulk_left > 0 {
+                    return Ok((pos, false));
+                }
+                if self.element_done() {
+                    return Ok((pos, true));
+                }
+                continue;
+            }
+            if pos >= buf.len() {
+                return Ok((pos, false));
+            }
+            let Some(end) = line_end(buf, pos + 1) else {
+                if buf.len() - pos > MAX_REPLY_LINE {
+                    return Err("reply line too long".into());
+                }
+                return Ok((pos, false));
+            };
+            let header = &buf[pos + 1..end];
+            let kind = buf[pos];
+            pos = end + 2;
+            let finished = match kind {
+                b'+' | b'-' | b':' => true,
+                b'$' => match int(header).ok_or("bad bulk length")? {
+                    len if len < 0 => true,
+                    len => {
+                        self.bulk_left = usize::try_from(len).map_err(|_| "bad bulk length")?.saturating_add(2);
+                        false
+                    }
+                },
+                b'*' => match int(header).ok_or("bad array length")? {
+                    n if n <= 0 => true,
+                    n => {
+                        if self.open.len() >= 64 {
+                            return Err("reply nested too deeply".into());
+                        }
+                        self.open.push(n);
+                        false
+                    }
+                },
+                other => return Err(format!("unexpected reply type byte {other:#04x}")),
+            };
+            if finished && self.element_done() {
+                return Ok((pos, true));
+            }
+        }
+    }
+
+    /// One element is complete: closes the arrays it completes; true when
+    /// that completes the frame.
+    fn element_done(&mut self) -> bool {
+        while let Some(left) = self.open.last_mut() {
+            *left -= 1;
+            if *left > 0 {
+                return false;
+            }
+            self.open.pop();
+        }
+        true
+    }
+}
+
 /// The elements of an array reply (raw frames), or `None` if it is not an array.
 pub fn array_items(frame: &Bytes) -> Option<Vec<Bytes>> {
     if frame.first() != Some(&b'*') {
@@ -299,6 +389,47 @@ mod tests {
 
     fn req(input: &[u8]) -> Request {
         parse_request(&mut BytesMut::from(input), RespLimits::default())
+    }
+
+    /// The scanner finds the same frame end as the whole-frame parser, fed
+    /// any split of the bytes.
+    #[test]
+    fn scanner_agrees_with_the_parser_at_every_split() {
+        let frames: [&[u8]; 7] = [
+            b"+OK\r\n",
+            b"$5\r\nhello\r\n",
+            b"$-1\r\n",
+            b"*0\r\n",
+            b"*3\r\n$1\r\na\r\n*2\r\n:1\r\n$-1\r\n-ERR x\r\n",
+            b"*2\r\n*1\r\n*1\r\n$0\r\n\r\n+z\r\n",
+            b"$12\r\nab\r\ncd\r\nefgh\r\n",
+        ];
+        for frame in frames {
+            let mut stream = frame.to_vec();
+            stream.extend_from_slice(b":7\r\n"); // the next reply must not be taken
+            assert_eq!(frame_end(&stream, 0, 0), Ok(Some(frame.len())));
+            for a in 0..=stream.len() {
+                for b in a..=stream.len() {
+                    let mut s = FrameScanner::default();
+                    let mut taken = 0;
+                    let mut done = false;
+                    // Feed [0, a), then [.., b), then the rest; unconsumed
+                    // bytes are offered again with the next piece.
+                    for cut in [a, b, stream.len()] {
+                        if done || cut < taken {
+                            continue;
+                        }
+                        let (used, d) = s.scan(&stream[taken..cut]).unwrap();
+                        taken += used;
+                        done = d;
+                    }
+                    assert!(done, "{frame:?} split at {a}, {b}");
+                    assert_eq!(taken, frame.len(), "{frame:?} split at {a}, {b}");
+                }
+            }
+        }
+        assert!(FrameScanner::default().scan(b"?x\r\n").is_err());
+        assert!(FrameScanner::default().scan(b"$x\r\n").is_err());
     }
 
     #[test]
