@@ -1,8 +1,9 @@
-//! Redis client and backend bytes: neither parser panics or loops, and every
-//! command re-encodes to itself.
+//! Redis client and backend bytes: neither parser panics or loops, every
+//! command re-encodes to itself, and the streaming frame scanner, fed the
+//! bytes in two pieces, ends each reply where the whole-frame parser does.
 #![no_main]
 use bytes::BytesMut;
-use chash_proxy::redis::resp::{array_items, parse_reply, parse_request, Frame, Request, RespLimits};
+use chash_proxy::redis::resp::{array_items, parse_reply, parse_request, Frame, FrameScanner, Request, RespLimits};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -25,9 +26,17 @@ fuzz_target!(|data: &[u8]| {
     }
     let mut buf = BytesMut::from(data);
     for _ in 0..10_000 {
+        let rest = buf.clone();
         match parse_reply(&mut buf) {
             Frame::Done(f) => {
                 let _ = array_items(&f);
+                // Split the frame's bytes at a point taken from its length.
+                let cut = f.len() / 2;
+                let mut scanner = FrameScanner::default();
+                let (used, done) = scanner.scan(&rest[..cut]).expect("a parsed frame scans");
+                let (more, done) = if done { (0, true) } else { scanner.scan(&rest[used..]).expect("a parsed frame scans") };
+                assert!(done, "scanner did not finish a frame the parser took");
+                assert_eq!(used + more, f.len(), "scanner and parser disagree on the frame end");
             }
             Frame::Incomplete | Frame::Invalid(_) => break,
         }
