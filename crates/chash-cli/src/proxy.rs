@@ -144,7 +144,7 @@ async fn serve(args: ProxyArgs) -> Result<()> {
             Some(n) => n,
             // A core is left to the kernel's network work and to the
             // clients or servers that share the host: measured on 2 cores,
-            // one worker makes 10-25% more unpipelined requests per second
+            // one worker makes 3-13% more unpipelined Redis requests per second
             // than two, with a lower p99 (BENCHMARKS.md).
             None => std::thread::available_parallelism().map_or(1, |n| usize::from(n).saturating_sub(1).max(1)),
         }),

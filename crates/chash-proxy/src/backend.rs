@@ -610,7 +610,8 @@ async fn stream_reply(
     }
 }
 
-async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+/// Sleeps until `deadline`, or forever without one.
+pub(crate) async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,

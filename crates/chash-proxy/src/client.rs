@@ -83,11 +83,16 @@ where
         let mut discard = 0usize;
         let idle = shared.options.client_idle_timeout;
         let limits = Limits { max_value: shared.options.max_value_size, lenient_keys: shared.options.lenient_keys };
+        let mut closing = None;
         'conn: loop {
             let read = r.read_buf(&mut buf);
             let n = tokio::select! {
                 n = read => n,
-                _ = shutdown.changed() => break 'conn,
+                _ = shutdown.changed(), if closing.is_none() => {
+                    closing = Some(tokio::time::Instant::now() + SHUTDOWN_GRACE);
+                    continue 'conn;
+                }
+                _ = sleep_until_opt(closing) => break 'conn,
                 _ = sleep_opt(idle) => break 'conn,
             };
             match n {
@@ -125,6 +130,13 @@ where
     };
     tokio::join!(reader, writer);
 }
+
+/// How long a connection keeps reading once shutdown begins: requests its
+/// client sent just before are still taken (and answered); then it stops
+/// reading and answers what is in flight.
+pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_millis(100);
+
+pub(crate) use crate::backend::sleep_until_opt;
 
 pub(crate) async fn sleep_opt(d: Option<Duration>) {
     match d {

@@ -21,7 +21,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::watch;
 
 use crate::backend::Server;
-use crate::client::{bytes_reply, ready, ready_owned, reply_writer, sleep_opt, Out, PendingReply, NEXT_CLIENT};
+use crate::client::{
+    bytes_reply, ready, ready_owned, reply_writer, sleep_opt, sleep_until_opt, Out, PendingReply, NEXT_CLIENT,
+    SHUTDOWN_GRACE,
+};
 use crate::memcache::{Reply, ReplyKind};
 use crate::pool::Pool;
 use crate::Shared;
@@ -46,10 +49,15 @@ where
         let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value_size.max(512) };
         let mut buf = BytesMut::with_capacity(16 * 1024);
         let idle = shared.options.client_idle_timeout;
+        let mut closing = None;
         'conn: loop {
             let n = tokio::select! {
                 n = r.read_buf(&mut buf) => n,
-                _ = shutdown.changed() => break 'conn,
+                _ = shutdown.changed(), if closing.is_none() => {
+                    closing = Some(tokio::time::Instant::now() + SHUTDOWN_GRACE);
+                    continue 'conn;
+                }
+                _ = sleep_until_opt(closing) => break 'conn,
                 _ = sleep_opt(idle) => break 'conn,
             };
             if !matches!(n, Ok(k) if k > 0) {
