@@ -38,6 +38,9 @@ pub enum BackendError {
     Protocol(String),
     /// The proxy is shutting down or the server was removed.
     Gone,
+    /// A reply that had to be held whole was over this many bytes (it was
+    /// read past).
+    TooLarge(usize),
 }
 
 impl fmt::Display for BackendError {
@@ -48,6 +51,7 @@ impl fmt::Display for BackendError {
             BackendError::Closed(e) => write!(f, "connection lost: {e}"),
             BackendError::Protocol(e) => write!(f, "bad reply: {e}"),
             BackendError::Gone => f.write_str("server removed"),
+            BackendError::TooLarge(limit) => write!(f, "reply over {limit} bytes"),
         }
     }
 }
@@ -491,8 +495,28 @@ async fn run_connection(
 /// as it arrives instead of being held whole.
 pub const STREAM_AFTER: usize = 256 * 1024;
 
-/// Chunks of a streamed reply buffered between a backend and its client.
-const STREAM_CHUNKS: usize = 4;
+/// Chunks (up to a read's worth each, about 64 KiB) of a streamed reply
+/// buffered between a backend and its client.
+const STREAM_CHUNKS: usize = 16;
+
+/// How long a streamed reply waits for its client to take the next chunk
+/// before it stops sending to it (the client's connection then closes).
+/// Meanwhile the backend connection waits too, so this bounds how long one
+/// slow client can hold up the others sharing the connection.
+pub const STREAM_PATIENCE: Duration = Duration::from_secs(5);
+
+/// The largest reply held whole for a request that needs all of it
+/// ([`ReplyKind::RespWhole`]: parts of split commands); a larger one is read
+/// past and the request gets [`BackendError::TooLarge`].
+pub const WHOLE_REPLY_LIMIT: usize = 64 << 20;
+
+/// Why a stream ended early.
+enum StreamError {
+    /// No bytes from the server within the timeout.
+    Timeout,
+    /// The connection broke or the bytes were not RESP.
+    Broken(String),
+}
 
 /// Reads replies and answers in-flight requests in order. Returns why it stopped.
 async fn read_replies(
@@ -517,21 +541,50 @@ async fn read_replies(
             waiting.push_back(f);
         }
         while let Some(front) = waiting.front() {
-            match parse_reply(&mut buf, front.kind) {
+            let kind = front.kind;
+            match parse_reply(&mut buf, kind) {
                 ReplyParse::Done(reply) => {
                     if let Some(f) = waiting.pop_front() {
                         let _ = f.reply.send(Ok(reply));
                     }
                 }
-                ReplyParse::Incomplete if front.kind == ReplyKind::Resp && buf.len() >= STREAM_AFTER => {
-                    // A large reply: hand the client a stream and pass the
-                    // reply on as it arrives.
+                ReplyParse::Incomplete
+                    if (kind == ReplyKind::Resp && buf.len() >= STREAM_AFTER)
+                        || (kind == ReplyKind::RespWhole && buf.len() >= WHOLE_REPLY_LIMIT) =>
+                {
+                    // A large reply: passed on to the client as it arrives,
+                    // or (too large to hold whole) read past.
                     let Some(f) = waiting.pop_front() else { break };
-                    let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
-                    let _ = f.reply.send(Ok(Reply::Stream(ReplyStream(rx))));
-                    if let Err(e) = stream_reply(&mut r, &mut buf, tx, timeout).await {
-                        fail_all(&mut waiting, &mut inflight, BackendError::Closed(e.clone()));
-                        return Err(e);
+                    let tx = if kind == ReplyKind::Resp {
+                        let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
+                        let _ = f.reply.send(Ok(Reply::Stream(ReplyStream(rx))));
+                        Some(tx)
+                    } else {
+                        let _ = f.reply.send(Err(BackendError::TooLarge(WHOLE_REPLY_LIMIT)));
+                        None
+                    };
+                    match stream_reply(&mut r, &mut buf, tx, timeout).await {
+                        Ok(()) => {
+                            // Requests queued behind it waited for the stream,
+                            // not for their server: their time starts now.
+                            while let Ok(f) = inflight.try_recv() {
+                                waiting.push_back(f);
+                            }
+                            if let Some(t) = timeout {
+                                let from = tokio::time::Instant::now() + t;
+                                for f in &mut waiting {
+                                    f.deadline = f.deadline.map(|d| d.max(from));
+                                }
+                            }
+                        }
+                        Err(StreamError::Timeout) => {
+                            fail_all(&mut waiting, &mut inflight, BackendError::Timeout);
+                            return Err("reply timed out".into());
+                        }
+                        Err(StreamError::Broken(e)) => {
+                            fail_all(&mut waiting, &mut inflight, BackendError::Closed(e.clone()));
+                            return Err(e);
+                        }
                     }
                 }
                 ReplyParse::Incomplete => break,
@@ -567,26 +620,23 @@ async fn read_replies(
 }
 
 /// Passes one RESP reply from the front of `buf` and the connection on to
-/// `tx` as it arrives, holding at most a read's worth plus the channel's few
-/// chunks. A client that goes away, or does not take a chunk within the
-/// timeout (30 s without one), gets no more of it: the rest of the reply is
-/// read and dropped so the connection stays in step. Errors when the
-/// connection breaks or the bytes are not RESP.
+/// `tx` as it arrives, holding at most a read's worth plus the channel's
+/// chunks; with no `tx` (or once the client is gone, or has not taken a
+/// chunk for [`STREAM_PATIENCE`]) the rest is read and dropped, so the
+/// connection stays in step. Each read waits at most the pool's timeout.
 async fn stream_reply(
     r: &mut BoxRead,
     buf: &mut BytesMut,
-    tx: mpsc::Sender<Chunk>,
+    mut tx: Option<mpsc::Sender<Chunk>>,
     timeout: Option<Duration>,
-) -> Result<(), String> {
-    let patience = timeout.unwrap_or(Duration::from_secs(30));
+) -> Result<(), StreamError> {
     let mut scanner = crate::redis::resp::FrameScanner::default();
-    let mut tx = Some(tx);
     loop {
-        let (used, last) = scanner.scan(buf)?;
+        let (used, last) = scanner.scan(buf).map_err(StreamError::Broken)?;
         if used > 0 {
             let data = buf.split_to(used).freeze();
             if let Some(t) = &tx {
-                match tokio::time::timeout(patience, t.send(Chunk { data, last })).await {
+                match tokio::time::timeout(STREAM_PATIENCE, t.send(Chunk { data, last })).await {
                     Ok(Ok(())) => {}
                     // Gone or stuck: it gets a cut-short reply and its
                     // connection closes.
@@ -599,13 +649,13 @@ async fn stream_reply(
         }
         buf.reserve(64 * 1024);
         let n = match timeout {
-            Some(t) => tokio::time::timeout(t, r.read_buf(buf)).await.map_err(|_| "reply timed out".to_owned())?,
+            Some(t) => tokio::time::timeout(t, r.read_buf(buf)).await.map_err(|_| StreamError::Timeout)?,
             None => r.read_buf(buf).await,
         };
         match n {
-            Ok(0) => return Err("server closed the connection".into()),
+            Ok(0) => return Err(StreamError::Broken("server closed the connection".into())),
             Ok(_) => {}
-            Err(e) => return Err(e.to_string()),
+            Err(e) => return Err(StreamError::Broken(e.to_string())),
         }
     }
 }

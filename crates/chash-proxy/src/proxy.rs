@@ -140,11 +140,11 @@ pub struct Running {
 impl Running {
     /// Stops accepting, lets open connections finish their in-flight
     /// requests (up to the drain time), and returns.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
         let drain = self.proxy.shared.options.drain;
         let deadline = Instant::now() + drain;
-        for t in self.tasks {
+        for t in std::mem::take(&mut self.tasks) {
             let left = deadline.saturating_duration_since(Instant::now());
             let _ = tokio::time::timeout(left, t).await;
         }
@@ -162,6 +162,15 @@ impl Running {
     /// A receiver that turns true when shutdown begins.
     pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
         self.shutdown.subscribe()
+    }
+}
+
+impl Drop for Running {
+    /// Dropped without [`Running::shutdown`]: stops accepting and ends the
+    /// worker threads at once (connections on them close).
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+        self.workers.stop();
     }
 }
 

@@ -322,7 +322,8 @@ fn big_value(key: &str, len: usize) -> String {
 /// Large replies (a 3 MiB string, a list of 40,000 items) are passed on as
 /// they arrive, whole and in order between other replies on the same
 /// backend connection; a client that leaves halfway leaves the connection
-/// usable; a large part of a split command is refused clearly.
+/// usable; split commands get their parts whole, up to a limit past which
+/// they are refused clearly.
 #[test]
 fn large_replies_are_streamed() {
     let rs = servers(2);
@@ -378,13 +379,28 @@ fn large_replies_are_streamed() {
     }
     assert!(c.cmd(&["GET", "big"]) == format!("\"{value}\""));
 
-    // A split command cannot combine a streamed part: a clear error, and
-    // the connection goes on.
+    // A split command needs its parts whole: a 3 MiB part is combined;
+    // a part over the limit (64 MiB: the big key 22 times) is refused
+    // clearly, and the connection goes on. On one server alone the same
+    // keys are one reply, streamed.
     let mut keys = vec!["MGET".to_owned(), "big".to_owned()];
     keys.extend((0..20).map(|i| format!("after-{i}")));
     let args: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut want = vec![format!("\"{value}\"")];
+    want.extend((0..20).map(|i| format!("\"after-{i}\"")));
+    assert!(c.cmd(&args) == format!("[{}]", want.join(", ")), "MGET with a 3 MiB part differs");
+    let server_of = |k: &str| proxy.handle.pools()[0].state().server_for(k.as_bytes()).unwrap().id().to_owned();
+    let elsewhere = (0..20).map(|i| format!("after-{i}")).find(|k| server_of(k) != server_of("big")).unwrap();
+    let mut keys = vec!["MGET".to_owned(), elsewhere];
+    keys.extend((0..22).map(|_| "big".to_owned()));
+    let args: Vec<&str> = keys.iter().map(String::as_str).collect();
     let reply = c.cmd(&args);
-    assert!(reply.starts_with("-ERR reply from") && reply.contains("too large"), "{reply}");
+    assert!(reply.starts_with("-ERR reply from") && reply.contains("too large"), "{}", &reply[..reply.len().min(200)]);
+    let mut keys = vec!["MGET".to_owned()];
+    keys.extend((0..22).map(|_| "big".to_owned()));
+    let args: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let want = vec![format!("\"{value}\""); 22];
+    assert!(c.cmd(&args) == format!("[{}]", want.join(", ")), "MGET of 22 × 3 MiB on one server differs");
     assert_eq!(c.cmd(&["GET", "small"]), "\"tiny\"");
 }
 

@@ -11,8 +11,12 @@ pub enum ReplyKind {
     Line,
     /// Zero or more `VALUE` blocks, then `END`.
     Values,
-    /// One RESP frame (Redis pools), returned as [`Reply::Line`].
+    /// One RESP frame (Redis pools), returned as [`Reply::Line`], or as
+    /// [`Reply::Stream`] when it is large.
     Resp,
+    /// One RESP frame that is needed whole (a part of a split command):
+    /// never streamed.
+    RespWhole,
 }
 
 /// One `VALUE` block of a retrieval reply.
@@ -100,7 +104,7 @@ pub fn parse_reply(buf: &mut BytesMut, kind: ReplyKind) -> ReplyParse {
             None => ReplyParse::Incomplete,
         },
         ReplyKind::Values => values_reply(buf),
-        ReplyKind::Resp => match crate::redis::resp::parse_reply(buf) {
+        ReplyKind::Resp | ReplyKind::RespWhole => match crate::redis::resp::parse_reply(buf) {
             crate::redis::resp::Frame::Done(f) => ReplyParse::Done(Reply::Line(f)),
             crate::redis::resp::Frame::Incomplete => ReplyParse::Incomplete,
             crate::redis::resp::Frame::Invalid(e) => ReplyParse::Invalid(e),

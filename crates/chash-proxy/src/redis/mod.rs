@@ -20,7 +20,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::sync::watch;
 
-use crate::backend::Server;
+use crate::backend::{BackendError, Server};
 use crate::client::{
     bytes_reply, ready, ready_owned, reply_writer, sleep_opt, sleep_until_opt, Out, PendingReply, NEXT_CLIENT,
     SHUTDOWN_GRACE,
@@ -328,11 +328,18 @@ async fn split(
         groups[g].2.push(slot);
     }
     drop(state);
+    if groups.len() == 1 {
+        // One server: the command goes as it came, and its reply (in the
+        // client's key order already) comes back as the server sends it,
+        // streamed when large.
+        let server = groups.swap_remove(0).0;
+        return send(pool, server, cmd, affinity).await;
+    }
     let total = (cmd.args.len() - first) / step;
     let mut waits = Vec::with_capacity(groups.len());
     for (server, args, slots) in groups {
         let started = Instant::now();
-        let rx = server.submit(Command::new(args).wire(), ReplyKind::Resp, affinity).await;
+        let rx = server.submit(Command::new(args).wire(), ReplyKind::RespWhole, affinity).await;
         waits.push((server, rx, started, slots));
     }
     let pool = pool.clone();
@@ -343,13 +350,15 @@ async fn split(
             let frame = match server.finish(rx, started).await {
                 Ok(Reply::Line(f)) | Ok(Reply::Values(f)) => f,
                 Ok(Reply::Stream(_)) => {
-                    // Dropping the stream lets the backend connection read
-                    // past the rest of the reply.
+                    pool.stats.errors.fetch_add(1, Relaxed);
+                    return Some(error("ERR backend sent an unexpected reply"));
+                }
+                Err(BackendError::TooLarge(limit)) => {
                     pool.stats.errors.fetch_add(1, Relaxed);
                     return Some(error(&format!(
-                        "ERR reply from {} too large to combine with other servers' (over {} bytes): ask per server",
-                        server.id(),
-                        crate::backend::STREAM_AFTER
+                        "ERR reply from {} too large to combine with other servers' (over {limit} bytes): \
+                         ask per server",
+                        server.id()
                     )));
                 }
                 Err(e) => {

@@ -254,9 +254,9 @@ pub fn parse_reply(buf: &mut BytesMut) -> Frame {
     }
 }
 
-/// Longest header line a reply may have (`$<len>`, `*<count>`, a status or
-/// an error line).
-const MAX_REPLY_LINE: usize = 64 * 1024;
+/// Longest header line a streamed reply may have (`$<len>`, `*<count>`, a
+/// status or an error line; long error lines come from scripts).
+const MAX_REPLY_LINE: usize = 16 << 20;
 
 /// Finds where one reply frame ends a piece at a time, so that a large reply
 /// can be passed on as it arrives instead of being held whole: feed it the
