@@ -10,6 +10,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::future::Future;
 use std::io::{self, IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -25,6 +26,7 @@ use chash_proxy::proxy::PoolSpec;
 use chash_proxy::ProxyOptions;
 use clap::Args;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
 use crate::svg::{bar_chart, esc, grouped_bars, ring_diagram, Bar};
@@ -114,91 +116,89 @@ async fn pool_spec(
     Ok((PoolSpec { config: pool, addresses }, shards))
 }
 
-/// Writes `keys` (value = key) through the proxy, pipelined over 4 connections.
-async fn set_all(addr: SocketAddr, keys: &[String]) -> Result<()> {
-    let parts: Vec<Vec<String>> = keys.chunks(keys.len().div_ceil(4).max(1)).map(<[String]>::to_vec).collect();
-    let tasks: Vec<_> = parts
-        .into_iter()
-        .map(|part| {
-            tokio::spawn(async move {
-                let stream = TcpStream::connect(addr).await?;
-                stream.set_nodelay(true)?;
-                let (r, mut w) = stream.into_split();
-                let mut r = BufReader::new(r);
-                let mut line = String::new();
-                for batch in part.chunks(500) {
-                    let mut req = Vec::new();
-                    for k in batch {
-                        req.extend_from_slice(format!("set {k} 0 0 {}\r\n{k}\r\n", k.len()).as_bytes());
-                    }
-                    w.write_all(&req).await?;
-                    for _ in batch {
-                        line.clear();
-                        r.read_line(&mut line).await?;
-                        if line != "STORED\r\n" {
-                            bail!("the proxy answered {line:?} to a set");
-                        }
-                    }
-                }
-                Ok::<(), anyhow::Error>(())
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await??;
-    }
-    Ok(())
-}
+/// A proxy connection's buffered read side.
+type Replies = BufReader<OwnedReadHalf>;
 
-/// Reads `keys` through the proxy; `true` for a hit. A hit must carry the
-/// key's own value.
-async fn get_all(addr: SocketAddr, keys: &[String]) -> Result<Vec<bool>> {
-    let size = keys.len().div_ceil(4).max(1);
-    let parts: Vec<Vec<String>> = keys.chunks(size).map(<[String]>::to_vec).collect();
-    let tasks: Vec<_> = parts
-        .into_iter()
-        .map(|part| {
-            tokio::spawn(async move {
-                let stream = TcpStream::connect(addr).await?;
-                stream.set_nodelay(true)?;
-                let (r, mut w) = stream.into_split();
-                let mut r = BufReader::new(r);
-                let mut hits = Vec::with_capacity(part.len());
-                let mut line = String::new();
-                for batch in part.chunks(500) {
-                    let mut req = Vec::new();
-                    for k in batch {
-                        req.extend_from_slice(format!("get {k}\r\n").as_bytes());
-                    }
-                    w.write_all(&req).await?;
-                    for k in batch {
-                        line.clear();
-                        r.read_line(&mut line).await?;
-                        if line == "END\r\n" {
-                            hits.push(false);
-                            continue;
-                        }
-                        let len: usize =
-                            line.split_whitespace().nth(3).and_then(|l| l.parse().ok()).context("bad VALUE line")?;
-                        let mut data = vec![0u8; len + 2];
-                        r.read_exact(&mut data).await?;
-                        if &data[..len] != k.as_bytes() {
-                            bail!("the proxy returned another key's value for {k}");
-                        }
-                        line.clear();
-                        r.read_line(&mut line).await?;
-                        hits.push(true);
-                    }
-                }
-                Ok::<Vec<bool>, anyhow::Error>(hits)
-            })
-        })
-        .collect();
+/// Runs `work` on each quarter of `keys` over a connection of its own to the
+/// proxy, the four at once; the results come back in key order.
+async fn on_four_connections<T, F, Fut>(addr: SocketAddr, keys: &[String], work: F) -> Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn(Replies, OwnedWriteHalf, Vec<String>) -> Fut,
+    Fut: Future<Output = Result<Vec<T>>> + Send + 'static,
+{
+    let mut tasks = Vec::new();
+    for part in keys.chunks(keys.len().div_ceil(4).max(1)) {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (r, w) = stream.into_split();
+        tasks.push(tokio::spawn(work(BufReader::new(r), w, part.to_vec())));
+    }
     let mut all = Vec::with_capacity(keys.len());
     for t in tasks {
         all.extend(t.await??);
     }
     Ok(all)
+}
+
+/// Writes `keys` (value = key) through the proxy, pipelined over 4 connections.
+async fn set_all(addr: SocketAddr, keys: &[String]) -> Result<()> {
+    on_four_connections(addr, keys, |mut r, mut w, part| async move {
+        let mut line = String::new();
+        for batch in part.chunks(500) {
+            let mut req = Vec::new();
+            for k in batch {
+                req.extend_from_slice(format!("set {k} 0 0 {}\r\n{k}\r\n", k.len()).as_bytes());
+            }
+            w.write_all(&req).await?;
+            for _ in batch {
+                line.clear();
+                r.read_line(&mut line).await?;
+                if line != "STORED\r\n" {
+                    bail!("the proxy answered {line:?} to a set");
+                }
+            }
+        }
+        Ok(Vec::<()>::new())
+    })
+    .await
+    .map(drop)
+}
+
+/// Reads `keys` through the proxy; `true` for a hit. A hit must carry the
+/// key's own value.
+async fn get_all(addr: SocketAddr, keys: &[String]) -> Result<Vec<bool>> {
+    on_four_connections(addr, keys, |mut r, mut w, part| async move {
+        let mut hits = Vec::with_capacity(part.len());
+        let mut line = String::new();
+        for batch in part.chunks(500) {
+            let mut req = Vec::new();
+            for k in batch {
+                req.extend_from_slice(format!("get {k}\r\n").as_bytes());
+            }
+            w.write_all(&req).await?;
+            for k in batch {
+                line.clear();
+                r.read_line(&mut line).await?;
+                if line == "END\r\n" {
+                    hits.push(false);
+                    continue;
+                }
+                let len: usize =
+                    line.split_whitespace().nth(3).and_then(|l| l.parse().ok()).context("bad VALUE line")?;
+                let mut data = vec![0u8; len + 2];
+                r.read_exact(&mut data).await?;
+                if &data[..len] != k.as_bytes() {
+                    bail!("the proxy returned another key's value for {k}");
+                }
+                line.clear();
+                r.read_line(&mut line).await?;
+                hits.push(true);
+            }
+        }
+        Ok(hits)
+    })
+    .await
 }
 
 fn hit_rate(hits: &[bool]) -> f64 {

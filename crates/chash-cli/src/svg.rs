@@ -65,17 +65,28 @@ fn fmt_num(v: f64) -> String {
     }
 }
 
-/// A bar chart.
-pub fn bar_chart(title: &str, unit: &str, bars: &[Bar]) -> String {
-    let (w, h, left, top) = (640.0, 220.0, 60.0, 36.0);
-    let max = nice_max(bars.iter().map(|b| b.value.max(b.target.unwrap_or(0.0))).fold(0.0, f64::max));
+/// The bar charts' plot area: width, height, left and top margins.
+const PLOT: (f64, f64, f64, f64) = (640.0, 220.0, 60.0, 36.0);
+
+/// Opens a bar chart: the `<svg>` element sized for the plot area plus
+/// `below` for labels, the title, and the value axis up to `max`.
+fn open_chart(title: &str, unit: &str, max: f64, below: f64) -> String {
+    let (w, h, left, top) = PLOT;
     let mut out = format!(
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif"><text x="{left}" y="20" font-size="14" font-weight="bold">{}</text>"##,
         w + left + 20.0,
-        h + top + 50.0,
+        h + top + below,
         esc(title)
     );
     axis(&mut out, left, top, h, w, max, unit);
+    out
+}
+
+/// A bar chart.
+pub fn bar_chart(title: &str, unit: &str, bars: &[Bar]) -> String {
+    let (w, h, left, top) = PLOT;
+    let max = nice_max(bars.iter().map(|b| b.value.max(b.target.unwrap_or(0.0))).fold(0.0, f64::max));
+    let mut out = open_chart(title, unit, max, 50.0);
     let slot = w / bars.len().max(1) as f64;
     for (i, b) in bars.iter().enumerate() {
         let bh = h * b.value / max;
@@ -128,15 +139,9 @@ pub fn bar_chart(title: &str, unit: &str, bars: &[Bar]) -> String {
 
 /// Grouped bars: one group per category, one bar per series.
 pub fn grouped_bars(title: &str, unit: &str, categories: &[String], series: &[(String, Vec<f64>)]) -> String {
-    let (w, h, left, top) = (640.0, 220.0, 60.0, 36.0);
+    let (w, h, left, top) = PLOT;
     let max = nice_max(series.iter().flat_map(|s| s.1.iter().copied()).fold(0.0, f64::max));
-    let mut out = format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif"><text x="{left}" y="20" font-size="14" font-weight="bold">{}</text>"##,
-        w + left + 20.0,
-        h + top + 60.0,
-        esc(title)
-    );
-    axis(&mut out, left, top, h, w, max, unit);
+    let mut out = open_chart(title, unit, max, 60.0);
     let group = w / categories.len().max(1) as f64;
     let bw = group * 0.8 / series.len().max(1) as f64;
     for (c, cat) in categories.iter().enumerate() {

@@ -151,7 +151,7 @@ impl Server {
     ) -> Arc<Server> {
         let mut queues = Vec::new();
         let mut receivers = Vec::new();
-        for worker in 0..workers.len() {
+        for worker in 0..workers.count() {
             let mut txs = Vec::new();
             for _ in 0..settings.connections.max(1) {
                 let (tx, rx) = mpsc::channel(4096);

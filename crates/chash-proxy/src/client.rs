@@ -19,7 +19,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
-use crate::backend::{BackendError, Server};
+use crate::backend::{sleep_until_opt, BackendError, Server};
 use crate::memcache::reply::ReplyStream;
 use crate::memcache::request::skip_discarded;
 use crate::memcache::{parse_request, values, Limits, Parsed, Reply, ReplyKind, Request, RetrievalCmd};
@@ -70,35 +70,20 @@ const MAX_PIPELINE: usize = 1024;
 
 /// Serves one client connection until it closes, quits, idles out, or the
 /// proxy shuts down (in-flight requests are answered first).
-pub async fn serve<S>(stream: S, pool: Arc<Pool>, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>)
+pub async fn serve<S>(stream: S, pool: Arc<Pool>, shared: Arc<Shared>, shutdown: watch::Receiver<bool>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     // This connection's requests to a server all use one backend connection.
     let affinity = NEXT_CLIENT.fetch_add(1, Relaxed);
-    let (mut r, w) = tokio::io::split(stream);
+    let (r, w) = tokio::io::split(stream);
     let (tx, writer) = reply_writer(w);
     let reader = async move {
+        let mut input = Input::new(r, shutdown, shared.options.client_idle_timeout);
         let mut buf = BytesMut::with_capacity(16 * 1024);
         let mut discard = 0usize;
-        let idle = shared.options.client_idle_timeout;
         let limits = Limits { max_value: shared.options.max_value_size, lenient_keys: shared.options.lenient_keys };
-        let mut closing = None;
-        'conn: loop {
-            let read = r.read_buf(&mut buf);
-            let n = tokio::select! {
-                n = read => n,
-                _ = shutdown.changed(), if closing.is_none() => {
-                    closing = Some(tokio::time::Instant::now() + SHUTDOWN_GRACE);
-                    continue 'conn;
-                }
-                _ = sleep_until_opt(closing) => break 'conn,
-                _ = sleep_opt(idle) => break 'conn,
-            };
-            match n {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {}
-            }
+        'conn: while input.read(&mut buf).await {
             loop {
                 if !skip_discarded(&mut buf, &mut discard) {
                     continue 'conn;
@@ -134,11 +119,39 @@ where
 /// How long a connection keeps reading once shutdown begins: requests its
 /// client sent just before are still taken (and answered); then it stops
 /// reading and answers what is in flight.
-pub(crate) const SHUTDOWN_GRACE: Duration = Duration::from_millis(100);
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(100);
 
-pub(crate) use crate::backend::sleep_until_opt;
+/// A client connection's read side: more bytes until the client closes,
+/// idles out ([`crate::ProxyOptions::client_idle_timeout`]) or the proxy
+/// shuts down, after which it still reads for [`SHUTDOWN_GRACE`].
+pub(crate) struct Input<R> {
+    r: R,
+    shutdown: watch::Receiver<bool>,
+    idle: Option<Duration>,
+    closing: Option<tokio::time::Instant>,
+}
 
-pub(crate) async fn sleep_opt(d: Option<Duration>) {
+impl<R: AsyncRead + Unpin> Input<R> {
+    pub(crate) fn new(r: R, shutdown: watch::Receiver<bool>, idle: Option<Duration>) -> Input<R> {
+        Input { r, shutdown, idle, closing: None }
+    }
+
+    /// Reads more into `buf`; false when the connection is done reading.
+    pub(crate) async fn read(&mut self, buf: &mut BytesMut) -> bool {
+        loop {
+            tokio::select! {
+                n = self.r.read_buf(buf) => return matches!(n, Ok(k) if k > 0),
+                _ = self.shutdown.changed(), if self.closing.is_none() => {
+                    self.closing = Some(tokio::time::Instant::now() + SHUTDOWN_GRACE);
+                }
+                _ = sleep_until_opt(self.closing) => return false,
+                _ = sleep_opt(self.idle) => return false,
+            }
+        }
+    }
+}
+
+async fn sleep_opt(d: Option<Duration>) {
     match d {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,

@@ -79,13 +79,8 @@ impl Workers {
     }
 
     /// How many workers there are (1 without worker threads).
-    pub fn len(&self) -> usize {
+    pub fn count(&self) -> usize {
         self.handles.len().max(1)
-    }
-
-    /// Always false: there is at least one worker.
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     /// Runs `task` on worker `index` (on the calling runtime without

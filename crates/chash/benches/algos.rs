@@ -26,13 +26,15 @@
 //!
 //! Run: `cargo bench -p chash --bench algos`.
 
-use std::hash::{BuildHasher, Hasher};
 use std::hint::black_box;
 use std::time::Duration;
 
 use chash::algo::{next_prime, Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY};
 use chash::{KeyHasher, Node, Placement, Ring};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode};
+
+mod support;
+use support::{FoldBuild, IdentityBuild, IdentityHasher};
 
 const SIZES: [usize; 3] = [10, 100, 1000];
 const KEY_COUNT: usize = 4096;
@@ -54,77 +56,6 @@ fn maglev_size(n: usize) -> u64 {
 
 fn anchor_capacity(n: usize) -> u32 {
     DEFAULT_ANCHOR_CAPACITY.max(n as u32)
-}
-
-/// Returns the last `u64` written (see benches/ring.rs).
-#[derive(Clone, Copy, Debug, Default)]
-struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n);
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-struct IdentityBuild;
-
-impl BuildHasher for IdentityBuild {
-    type Hasher = IdentityHasher;
-
-    fn build_hasher(&self) -> IdentityHasher {
-        IdentityHasher(0)
-    }
-}
-
-/// Folds words in with one multiply each (maglev's node permutations need a
-/// real mix; see benches/ring.rs).
-#[derive(Clone, Copy, Debug, Default)]
-struct FoldHasher(u64);
-
-impl Hasher for FoldHasher {
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 32)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-struct FoldBuild;
-
-impl BuildHasher for FoldBuild {
-    type Hasher = FoldHasher;
-
-    fn build_hasher(&self) -> FoldHasher {
-        FoldHasher(0)
-    }
 }
 
 /// Benchmarks `f` over the cycled inputs.

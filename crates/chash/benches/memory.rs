@@ -19,12 +19,14 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chash::{Node, Ring};
 use hashring::HashRing;
 use pingora_ketama::{Bucket, Continuum};
+
+mod support;
+use support::{hashring_vnodes, ketama_buckets, VNODES};
 
 /// `System`, counting the bytes live and the peak.
 struct Counting;
@@ -85,8 +87,6 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-const VNODES: u32 = 160;
-
 /// Bytes retained by what `build` returns, and the peak above the starting
 /// point while it ran. The value is dropped after measuring.
 fn measure<T>(build: impl FnOnce() -> T) -> (usize, usize) {
@@ -97,17 +97,6 @@ fn measure<T>(build: impl FnOnce() -> T) -> (usize, usize) {
     let peak = PEAK.load(Ordering::Relaxed) - base;
     drop(value);
     (retained, peak)
-}
-
-fn addr(i: usize) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 0, (i >> 8) as u8, i as u8), 11211))
-}
-
-/// As in benches/ring.rs: hashring has no vnodes, `(node, replica)` values are added.
-#[derive(Clone, Copy, Debug, Hash, PartialEq)]
-struct VNode {
-    node: u32,
-    replica: u32,
 }
 
 fn main() {
@@ -141,7 +130,7 @@ fn main() {
         row(
             "pingora-ketama",
             measure(|| {
-                let buckets: Vec<Bucket> = (0..n).map(|i| Bucket::new(addr(i), 1)).collect();
+                let buckets: Vec<Bucket> = ketama_buckets(n);
                 Continuum::new(&buckets)
             }),
         );
@@ -149,9 +138,7 @@ fn main() {
             "hashring",
             measure(|| {
                 let mut ring = HashRing::new();
-                ring.batch_add(
-                    (0..n as u32).flat_map(|node| (0..VNODES).map(move |replica| VNode { node, replica })).collect(),
-                );
+                ring.batch_add(hashring_vnodes(n));
                 ring
             }),
         );

@@ -22,18 +22,19 @@
 //!
 //! Run: `cargo bench -p chash --bench ring`.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::{Hash, Hasher};
 use std::hint::black_box;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::Duration;
 
 use chash::{KeyHasher, Node, Placement, Ring};
 use consistent_hash::{RingHash, StaticHashRing};
 use criterion::{BatchSize, Criterion, SamplingMode};
 use hashring::HashRing;
-use pingora_ketama::{Bucket, Continuum};
+use pingora_ketama::Continuum;
 
-const VNODES: u32 = 160;
+mod support;
+use support::{hashring_vnodes, ketama_buckets, FoldBuild, IdentityBuild, IdentityHasher, VNode, VNODES};
+
 const SIZES: [usize; 3] = [10, 100, 1000];
 const KEY_COUNT: usize = 4096;
 const KEY_MASK: usize = KEY_COUNT - 1;
@@ -53,27 +54,6 @@ fn chash_ring(n: usize) -> Ring {
     Ring::builder().vnodes(VNODES).build(chash_nodes(n)).unwrap()
 }
 
-/// Node `i` as an address, for pingora-ketama (which places `ip\0port`).
-fn addr(i: usize) -> SocketAddr {
-    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::new(10, 0, (i >> 8) as u8, i as u8), 11211))
-}
-
-fn ketama_buckets(n: usize) -> Vec<Bucket> {
-    (0..n).map(|i| Bucket::new(addr(i), 1)).collect()
-}
-
-/// A hashring virtual node: hashring has no vnodes of its own, the usual way
-/// is to add `(node, replica)` values. 8 bytes, so 16 bytes per ring entry.
-#[derive(Clone, Copy, Debug, Hash, PartialEq)]
-struct VNode {
-    node: u32,
-    replica: u32,
-}
-
-fn hashring_vnodes(n: usize) -> Vec<VNode> {
-    (0..n as u32).flat_map(|node| (0..VNODES).map(move |replica| VNode { node, replica })).collect()
-}
-
 fn hashring_ring(n: usize) -> HashRing<VNode> {
     let mut ring = HashRing::new();
     ring.batch_add(hashring_vnodes(n));
@@ -82,44 +62,6 @@ fn hashring_ring(n: usize) -> HashRing<VNode> {
 
 fn consistent_hash_nodes(n: usize) -> impl Iterator<Item = consistent_hash::Node<u32, ()>> {
     (0..n as u32).map(|i| consistent_hash::Node::new(i).quantity(VNODES as usize))
-}
-
-/// A `Hasher` that returns the last `u64` written: lets crates that take a
-/// generic `Hash` key look up a precomputed hash without hashing it again.
-#[derive(Clone, Copy, Debug, Default)]
-struct IdentityHasher(u64);
-
-impl Hasher for IdentityHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `u64`s (and `u32`s) are written in these benchmarks; fold
-        // anything else so the hasher stays total.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = u64::from(n);
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-struct IdentityBuild;
-
-impl BuildHasher for IdentityBuild {
-    type Hasher = IdentityHasher;
-
-    fn build_hasher(&self) -> IdentityHasher {
-        IdentityHasher(0)
-    }
 }
 
 /// A hashring point whose position was computed beforehand (xxh3 of a
@@ -167,43 +109,6 @@ impl RingHash for PrehashedRingHash {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         (node_key, vnode_seq).hash(&mut h);
         h.finish()
-    }
-}
-
-/// maglev hashes `(seed, key)` with its `BuildHasher`, for the node
-/// permutations as well as for lookups, so an identity hasher would collapse
-/// the permutations; this one folds the words in with one multiply each.
-#[derive(Clone, Copy, Debug, Default)]
-struct FoldHasher(u64);
-
-impl Hasher for FoldHasher {
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 32)
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.write_u64(u64::from(n));
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = (self.0 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-struct FoldBuild;
-
-impl BuildHasher for FoldBuild {
-    type Hasher = FoldHasher;
-
-    fn build_hasher(&self) -> FoldHasher {
-        FoldHasher(0)
     }
 }
 

@@ -322,6 +322,13 @@ impl Points {
         Some(pos)
     }
 
+    /// Owner (node index) of the first point `>= h`, wrapping: where a key
+    /// with hash `h` goes. `None` when empty.
+    #[inline]
+    pub(crate) fn locate_owner(&self, h: u64) -> Option<usize> {
+        self.locate(h).map(|pos| self.owner(pos))
+    }
+
     /// Owner (node index) of the point at `pos`.
     #[inline]
     pub(crate) fn owner(&self, pos: usize) -> usize {

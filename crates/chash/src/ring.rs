@@ -463,7 +463,7 @@ impl<T: Send + Sync> Placement for Ring<T> {
 
     #[inline]
     fn locate_hash(&self, hash: u64) -> Option<usize> {
-        self.points.locate(hash).map(|pos| self.points.owner(pos))
+        self.points.locate_owner(hash)
     }
 
     fn candidates_hash(&self, hash: u64) -> RingCandidates<'_> {

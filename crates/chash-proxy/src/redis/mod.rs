@@ -17,14 +17,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 use crate::backend::{BackendError, Server};
-use crate::client::{
-    bytes_reply, ready, ready_owned, reply_writer, sleep_opt, sleep_until_opt, Out, PendingReply, NEXT_CLIENT,
-    SHUTDOWN_GRACE,
-};
+use crate::client::{bytes_reply, ready, ready_owned, reply_writer, Input, Out, PendingReply, NEXT_CLIENT};
 use crate::memcache::{Reply, ReplyKind};
 use crate::pool::Pool;
 use crate::Shared;
@@ -38,31 +35,18 @@ struct Conn {
 }
 
 /// Serves one Redis client connection.
-pub async fn serve<S>(stream: S, pool: Arc<Pool>, shared: Arc<Shared>, mut shutdown: watch::Receiver<bool>)
+pub async fn serve<S>(stream: S, pool: Arc<Pool>, shared: Arc<Shared>, shutdown: watch::Receiver<bool>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (mut r, w) = tokio::io::split(stream);
+    let (r, w) = tokio::io::split(stream);
     let (tx, writer) = reply_writer(w);
     let reader = async move {
         let mut conn = Conn { authed: pool.settings.redis_auth.is_none(), affinity: NEXT_CLIENT.fetch_add(1, Relaxed) };
         let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value_size.max(512) };
+        let mut input = Input::new(r, shutdown, shared.options.client_idle_timeout);
         let mut buf = BytesMut::with_capacity(16 * 1024);
-        let idle = shared.options.client_idle_timeout;
-        let mut closing = None;
-        'conn: loop {
-            let n = tokio::select! {
-                n = r.read_buf(&mut buf) => n,
-                _ = shutdown.changed(), if closing.is_none() => {
-                    closing = Some(tokio::time::Instant::now() + SHUTDOWN_GRACE);
-                    continue 'conn;
-                }
-                _ = sleep_until_opt(closing) => break 'conn,
-                _ = sleep_opt(idle) => break 'conn,
-            };
-            if !matches!(n, Ok(k) if k > 0) {
-                break;
-            }
+        'conn: while input.read(&mut buf).await {
             loop {
                 match parse_request(&mut buf, limits) {
                     Request::Incomplete => break,

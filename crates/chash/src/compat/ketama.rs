@@ -178,7 +178,7 @@ impl Placement for Ketama {
 
     #[inline]
     fn locate_hash(&self, hash: u64) -> Option<usize> {
-        self.points.locate(hash).map(|pos| self.points.owner(pos))
+        self.points.locate_owner(hash)
     }
 
     fn candidates_hash(&self, hash: u64) -> RingCandidates<'_> {

@@ -81,7 +81,7 @@ impl Placement for NginxChash {
 
     #[inline]
     fn locate_hash(&self, hash: u64) -> Option<usize> {
-        self.points.locate(hash).map(|pos| self.points.owner(pos))
+        self.points.locate_owner(hash)
     }
 
     fn candidates_hash(&self, hash: u64) -> RingCandidates<'_> {
