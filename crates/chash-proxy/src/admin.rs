@@ -195,6 +195,7 @@ fn pool_json(pool: &Pool, counters: bool) -> Value {
                     "mean": s.latency.mean_us(),
                     "p50": s.latency.quantile_us(0.5),
                     "p99": s.latency.quantile_us(0.99),
+                    "max": s.latency.max_us(),
                 });
             }
             v

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use chash::ServerLine;
@@ -100,6 +100,15 @@ struct Job {
     data: Bytes,
     kind: ReplyKind,
     reply: ReplyTx,
+    /// When the request must have been answered (the pool's `timeout` from
+    /// when it was submitted).
+    deadline: Option<tokio::time::Instant>,
+}
+
+/// A submitted request's reply, due by its deadline.
+pub struct Pending {
+    rx: oneshot::Receiver<Result<Reply, BackendError>>,
+    deadline: Option<tokio::time::Instant>,
 }
 
 /// A backend server and its connections.
@@ -112,12 +121,13 @@ pub struct Server {
     /// Set while the server is unreachable (the last attempt failed).
     down: AtomicBool,
     failure_limit: u32,
+    timeout: Option<Duration>,
     on_failure: Option<mpsc::UnboundedSender<String>>,
     /// Wakes connection slots waiting out a back-off (a restored server is
     /// tried again at once).
     retry: Arc<tokio::sync::Notify>,
     /// Counters.
-    pub stats: ServerStats,
+    pub stats: Arc<ServerStats>,
 }
 
 impl fmt::Debug for Server {
@@ -167,9 +177,10 @@ impl Server {
             failures: AtomicU32::new(0),
             down: AtomicBool::new(false),
             failure_limit: settings.failure_limit.max(1),
+            timeout: settings.timeout,
             on_failure,
             retry: Arc::new(tokio::sync::Notify::new()),
-            stats: ServerStats::default(),
+            stats: Arc::new(ServerStats::default()),
         });
         for (worker, rx) in receivers {
             let weak = Arc::downgrade(&server);
@@ -201,42 +212,41 @@ impl Server {
         self.failures.load(Relaxed)
     }
 
-    /// Queues a request and returns the channel its reply arrives on. Waits
-    /// only when the connection's queue is full (backpressure).
+    /// Queues a request and returns its pending reply. Waits only when the
+    /// connection's queue is full (backpressure).
     ///
     /// The request goes on a connection of the calling thread's worker.
     /// Requests with the same `affinity` (a client connection's number) from
     /// the same worker use the same backend connection, so one client's
     /// requests to a server are executed in the order it sent them (a `set`
     /// then a `get` of the same key never overtake each other).
-    pub async fn submit(
-        &self,
-        data: Bytes,
-        kind: ReplyKind,
-        affinity: usize,
-    ) -> oneshot::Receiver<Result<Reply, BackendError>> {
+    ///
+    /// The pool's `timeout` starts now: [`Server::finish`] answers by then
+    /// whatever the connection is doing (connecting, failing its set-up,
+    /// waiting behind other requests).
+    pub async fn submit(&self, data: Bytes, kind: ReplyKind, affinity: usize) -> Pending {
         let (tx, rx) = oneshot::channel();
         self.stats.requests.fetch_add(1, Relaxed);
+        let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
         let queues = &self.queues[crate::workers::current_index() % self.queues.len()];
-        let job = Job { data, kind, reply: tx };
+        let job = Job { data, kind, reply: tx, deadline };
         if let Err(mpsc::error::SendError(job)) = queues[affinity % queues.len()].send(job).await {
             let _ = job.reply.send(Err(BackendError::Gone));
         }
-        rx
+        Pending { rx, deadline }
     }
 
-    /// Waits for a submitted request's reply and records the outcome.
-    pub async fn finish(
-        &self,
-        rx: oneshot::Receiver<Result<Reply, BackendError>>,
-        started: Instant,
-    ) -> Result<Reply, BackendError> {
-        let result = rx.await.unwrap_or_else(|_| Err(BackendError::Closed("connection reset".into())));
+    /// Waits for a submitted request's reply, at most until its deadline,
+    /// and records the outcome.
+    pub async fn finish(&self, pending: Pending) -> Result<Reply, BackendError> {
+        let Pending { rx, deadline } = pending;
+        let result = match deadline {
+            Some(d) => tokio::time::timeout_at(d, rx).await.unwrap_or(Ok(Err(BackendError::Timeout))),
+            None => rx.await,
+        };
+        let result = result.unwrap_or_else(|_| Err(BackendError::Closed("connection reset".into())));
         match &result {
-            Ok(_) => {
-                self.stats.latency.observe(started.elapsed());
-                self.failures.store(0, Relaxed);
-            }
+            Ok(_) => self.failures.store(0, Relaxed),
             Err(e) => {
                 self.stats.errors.fetch_add(1, Relaxed);
                 if *e == BackendError::Timeout {
@@ -247,10 +257,18 @@ impl Server {
         result
     }
 
-    /// Forgets past failures and ends any connect back-off (when an ejected
-    /// server gets another chance).
+    /// Forgets past failures and ends any connect back-off (when an
+    /// ejected server is restored by hand).
     pub fn reset_failures(&self) {
         self.failures.store(0, Relaxed);
+        self.retry.notify_waiters();
+    }
+
+    /// Gives an auto-ejected server another chance on probation: its next
+    /// failure ejects it again at once (a reply resets its failures), and
+    /// its connections try again now.
+    pub fn probation(&self) {
+        self.failures.store(self.failure_limit - 1, Relaxed);
         self.retry.notify_waiters();
     }
 
@@ -298,9 +316,14 @@ async fn connect(address: &Address, timeout: Option<Duration>) -> std::io::Resul
     }
 }
 
-/// Back-off between connection attempts to an unreachable server; requests
-/// arriving meanwhile fail at once.
+/// While a server is unreachable, its connections try again this often
+/// on their own (a request tries at once).
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
+
+/// Answers a request with an error.
+fn fail(job: Job, err: &BackendError) {
+    let _ = job.reply.send(Err(err.clone()));
+}
 
 async fn connection_slot(
     mut rx: mpsc::Receiver<Job>,
@@ -309,6 +332,10 @@ async fn connection_slot(
     server: std::sync::Weak<Server>,
     retry: Arc<tokio::sync::Notify>,
 ) {
+    let stats = match server.upgrade() {
+        Some(s) => s.stats.clone(),
+        None => return,
+    };
     let mut first: Option<Job> = None;
     let mut eager = settings.preconnect;
     loop {
@@ -319,25 +346,12 @@ async fn connection_slot(
             }
         }
         eager = false;
-        match connect(&address, settings.timeout).await {
-            Ok((mut r, mut w)) => {
-                if let Err(why) = handshake(&mut r, &mut w, &settings).await {
-                    tracing::warn!(?address, "backend handshake failed: {why}");
-                    if let Some(s) = server.upgrade() {
-                        s.record_failure(&why);
-                    }
-                    if let Some(job) = first.take() {
-                        let _ = job.reply.send(Err(BackendError::Connect(why)));
-                    }
-                    tokio::time::sleep(RETRY_BACKOFF).await;
-                    eager = true;
-                    continue;
-                }
+        match open(&address, &settings).await {
+            Ok((r, w)) => {
                 if let Some(s) = server.upgrade() {
                     s.record_connected();
                 }
-                let outcome = run_connection(r, w, first.take(), &mut rx, settings.timeout).await;
-                match outcome {
+                match run_connection(r, w, first.take(), &mut rx, settings.timeout, &stats).await {
                     Ok(()) => return, // the server was dropped: queue closed
                     Err(why) => {
                         tracing::debug!(?address, "backend connection closed: {why}");
@@ -347,35 +361,47 @@ async fn connection_slot(
                     }
                 }
             }
-            Err(e) => {
-                let why = format!("{e}");
+            Err(why) => {
                 let Some(s) = server.upgrade() else { return };
-                s.down.store(true, Relaxed);
+                if !s.down.swap(true, Relaxed) {
+                    tracing::warn!(server = %s.id(), "server unreachable: {why}");
+                } else {
+                    tracing::debug!(server = %s.id(), "server still unreachable: {why}");
+                }
                 s.record_failure(&why);
                 drop(s);
+                // The request that asked for the attempt, and those that
+                // queued meanwhile, get its outcome.
                 let err = BackendError::Connect(why);
                 if let Some(job) = first.take() {
-                    let _ = job.reply.send(Err(err.clone()));
+                    fail(job, &err);
                 }
-                // Fail fast until the next attempt (or until the pool gives
-                // the server another chance).
-                let until = tokio::time::Instant::now() + RETRY_BACKOFF;
-                let woken = retry.notified();
-                tokio::pin!(woken);
-                loop {
-                    tokio::select! {
-                        job = rx.recv() => match job {
-                            Some(job) => { let _ = job.reply.send(Err(err.clone())); }
-                            None => return,
-                        },
-                        _ = tokio::time::sleep_until(until) => break,
-                        _ = &mut woken => break,
-                    }
+                while let Ok(job) = rx.try_recv() {
+                    fail(job, &err);
                 }
-                eager = true;
+                // The next request tries again at once (one attempt at a
+                // time: this task's); without requests, try again after
+                // the back-off, or when the pool gives the server another
+                // chance.
+                tokio::select! {
+                    job = rx.recv() => match job {
+                        Some(job) => first = Some(job),
+                        None => return,
+                    },
+                    _ = tokio::time::sleep(RETRY_BACKOFF) => eager = true,
+                    _ = retry.notified() => eager = true,
+                }
             }
         }
     }
+}
+
+/// Connects and runs the connection's set-up commands (Redis `AUTH`,
+/// `SELECT`); either failing is a failed connection attempt.
+async fn open(address: &Address, settings: &BackendSettings) -> Result<(BoxRead, BoxWrite), String> {
+    let (mut r, mut w) = connect(address, settings.timeout).await.map_err(|e| e.to_string())?;
+    handshake(&mut r, &mut w, settings).await?;
+    Ok((r, w))
 }
 
 /// Sends the connection's init commands and checks each is answered `+OK`.
@@ -419,6 +445,8 @@ struct InFlight {
     kind: ReplyKind,
     reply: ReplyTx,
     deadline: Option<tokio::time::Instant>,
+    /// When it was written: the server's part of its latency starts here.
+    sent: tokio::time::Instant,
 }
 
 /// Runs one connection until it fails (`Err`) or the queue closes (`Ok`).
@@ -428,9 +456,10 @@ async fn run_connection(
     first: Option<Job>,
     rx: &mut mpsc::Receiver<Job>,
     timeout: Option<Duration>,
+    stats: &Arc<ServerStats>,
 ) -> Result<(), String> {
     let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<InFlight>();
-    let mut reader = tokio::spawn(read_replies(r, inflight_rx, timeout));
+    let mut reader = tokio::spawn(read_replies(r, inflight_rx, timeout, stats.clone()));
     let mut batch = BytesMut::with_capacity(16 * 1024);
     let mut pending = first;
     loop {
@@ -462,16 +491,21 @@ async fn run_connection(
         // under load and costs nothing when idle.
         tokio::task::yield_now().await;
         // Coalesce what is already queued into one write.
-        while batch.len() < 64 * 1024 {
+        let mut bytes = jobs[0].data.len();
+        while bytes < 64 * 1024 {
             match rx.try_recv() {
-                Ok(j) => jobs.push(j),
+                Ok(j) => {
+                    bytes += j.data.len();
+                    jobs.push(j);
+                }
                 Err(_) => break,
             }
         }
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let sent = tokio::time::Instant::now();
         for job in jobs {
             batch.extend_from_slice(&job.data);
-            if inflight_tx.send(InFlight { kind: job.kind, reply: job.reply, deadline }).is_err() {
+            let inflight = InFlight { kind: job.kind, reply: job.reply, deadline: job.deadline, sent };
+            if inflight_tx.send(inflight).is_err() {
                 return Err("reader stopped".into());
             }
         }
@@ -523,6 +557,7 @@ async fn read_replies(
     mut r: BoxRead,
     mut inflight: mpsc::UnboundedReceiver<InFlight>,
     timeout: Option<Duration>,
+    stats: Arc<ServerStats>,
 ) -> Result<(), String> {
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut waiting: VecDeque<InFlight> = VecDeque::new();
@@ -545,6 +580,7 @@ async fn read_replies(
             match parse_reply(&mut buf, kind) {
                 ReplyParse::Done(reply) => {
                     if let Some(f) = waiting.pop_front() {
+                        stats.latency.observe(f.sent.elapsed());
                         let _ = f.reply.send(Ok(reply));
                     }
                 }
@@ -555,6 +591,7 @@ async fn read_replies(
                     // A large reply: passed on to the client as it arrives,
                     // or (too large to hold whole) read past.
                     let Some(f) = waiting.pop_front() else { break };
+                    stats.latency.observe(f.sent.elapsed());
                     let tx = if kind == ReplyKind::Resp {
                         let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
                         let _ = f.reply.send(Ok(Reply::Stream(ReplyStream(rx))));

@@ -13,7 +13,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -271,11 +271,10 @@ async fn single_key(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingR
     };
     let mut data = BytesMut::new();
     req.encode(&mut data);
-    let started = Instant::now();
     let rx = server.submit(data.freeze(), ReplyKind::Line, affinity).await;
     let pool = pool.clone();
     Box::pin(async move {
-        let result = server.finish(rx, started).await;
+        let result = server.finish(rx).await;
         drop(load);
         let bytes = match result {
             Ok(Reply::Line(line)) => line,
@@ -320,16 +319,15 @@ async fn retrieval(pool: &Arc<Pool>, req: Request, affinity: usize) -> PendingRe
     for (server, group_keys) in groups {
         let mut data = BytesMut::new();
         Request::Retrieval { cmd, exptime, keys: group_keys }.encode(&mut data);
-        let started = Instant::now();
         let rx = server.submit(data.freeze(), ReplyKind::Values, affinity).await;
-        waits.push((server, rx, started));
+        waits.push((server, rx));
     }
     let pool = pool.clone();
     bytes_reply(async move {
         let mut found: HashMap<Bytes, Bytes> = HashMap::new();
         let mut failure: Option<Bytes> = None;
-        for (server, rx, started) in waits {
-            match server.finish(rx, started).await {
+        for (server, rx) in waits {
+            match server.finish(rx).await {
                 Ok(Reply::Values(raw)) => {
                     for v in values(&raw) {
                         found.entry(v.key).or_insert(v.raw);
@@ -373,11 +371,10 @@ async fn retrieval_one(
     };
     let mut data = BytesMut::new();
     Request::Retrieval { cmd, exptime, keys }.encode(&mut data);
-    let started = Instant::now();
     let rx = server.submit(data.freeze(), ReplyKind::Values, affinity).await;
     let pool = pool.clone();
     Box::pin(async move {
-        let result = server.finish(rx, started).await;
+        let result = server.finish(rx).await;
         drop(load);
         match result {
             Ok(Reply::Values(raw)) => {
@@ -409,14 +406,13 @@ async fn flush_all(pool: &Arc<Pool>, req: &Request, noreply: bool, affinity: usi
     let data = data.freeze();
     let mut waits = Vec::new();
     for server in servers {
-        let started = Instant::now();
         let rx = server.submit(data.clone(), ReplyKind::Line, affinity).await;
-        waits.push((server, rx, started));
+        waits.push((server, rx));
     }
     bytes_reply(async move {
         let mut reply = Bytes::from_static(b"OK\r\n");
-        for (server, rx, started) in waits {
-            match server.finish(rx, started).await {
+        for (server, rx) in waits {
+            match server.finish(rx).await {
                 Ok(Reply::Line(line)) if &line[..] == b"OK\r\n" => {}
                 Ok(Reply::Line(line)) => reply = line,
                 Ok(Reply::Values(_) | Reply::Stream(_)) => reply = Bytes::from_static(UNEXPECTED),

@@ -465,7 +465,7 @@ impl Pool {
             let _ = self.change(format!("retrying ejected server {id}"), step, |config, members| {
                 let at = find(members, &id, &config.name)?;
                 members[at].ejected = None;
-                members[at].server.reset_failures();
+                members[at].server.probation();
                 Ok(())
             });
         }

@@ -6,15 +6,18 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Upper bounds of the latency buckets, in microseconds.
-pub const LATENCY_BUCKETS_US: [u64; 12] =
-    [50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 1_000_000];
+pub const LATENCY_BUCKETS_US: [u64; 15] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, 2_500_000, 10_000_000,
+];
 
-/// A latency histogram with fixed buckets (plus one for everything slower).
+/// A latency histogram with fixed buckets (plus one for everything slower)
+/// and the largest value seen.
 #[derive(Debug, Default)]
 pub struct Histogram {
     buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     sum_us: AtomicU64,
     count: AtomicU64,
+    max_us: AtomicU64,
 }
 
 impl Histogram {
@@ -25,6 +28,12 @@ impl Histogram {
         self.buckets[i].fetch_add(1, Relaxed);
         self.sum_us.fetch_add(us, Relaxed);
         self.count.fetch_add(1, Relaxed);
+        self.max_us.fetch_max(us, Relaxed);
+    }
+
+    /// The largest observation, in µs.
+    pub fn max_us(&self) -> u64 {
+        self.max_us.load(Relaxed)
     }
 
     /// Number of observations.
@@ -42,21 +51,24 @@ impl Histogram {
         }
     }
 
-    /// The bucket bound at or above quantile `q` (an upper estimate), in µs.
+    /// An upper estimate of quantile `q`, in µs: the bound of the bucket
+    /// it falls in, never more than the largest value seen (so the top
+    /// bucket, which has no bound, reports that value).
     pub fn quantile_us(&self, q: f64) -> u64 {
         let n = self.count();
         if n == 0 {
             return 0;
         }
-        let target = (q * n as f64).ceil() as u64;
+        let max = self.max_us();
+        let target = ((q * n as f64).ceil() as u64).max(1);
         let mut seen = 0;
         for (i, b) in self.buckets.iter().enumerate() {
             seen += b.load(Relaxed);
             if seen >= target {
-                return LATENCY_BUCKETS_US.get(i).copied().unwrap_or(u64::MAX);
+                return LATENCY_BUCKETS_US.get(i).map_or(max, |&bound| bound.min(max));
             }
         }
-        u64::MAX
+        max
     }
 
     /// Prometheus histogram lines for `name{labels}` (seconds).
@@ -114,4 +126,26 @@ pub struct PoolStats {
     pub membership_changes: AtomicU64,
     /// Large Redis replies passed on as they arrived instead of whole.
     pub streamed_replies: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_are_bounded_by_the_largest_value() {
+        let h = Histogram::default();
+        assert_eq!(h.quantile_us(0.99), 0);
+        for _ in 0..90 {
+            h.observe(Duration::from_micros(80));
+        }
+        for _ in 0..10 {
+            h.observe(Duration::from_millis(1300));
+        }
+        assert_eq!(h.quantile_us(0.5), 100);
+        assert_eq!(h.quantile_us(0.99), 1_300_000, "the bucket's bound (2.5 s) is above anything seen");
+        h.observe(Duration::from_secs(42));
+        assert_eq!(h.quantile_us(1.0), 42_000_000, "the open top bucket reports the largest value");
+        assert_eq!(h.max_us(), 42_000_000);
+    }
 }

@@ -258,6 +258,100 @@ fn dead_server_fails_only_its_keys_and_recovers() {
     }
 }
 
+/// A server that is back takes the very next request (a request for a
+/// down server tries to connect, rather than failing on the last attempt's
+/// error until a back-off ends).
+#[test]
+fn a_server_that_is_back_takes_the_next_request() {
+    let mut mc = memcacheds(2);
+    let proxy = Proxy::start(&support::config("  timeout: 1000\n  hash: md5\n", &refs(&mc)));
+    let victim = mc[1].port;
+    let key = (0..1000).map(|i| format!("back:{i}")).find(|k| owner_port(&proxy, k) == victim).unwrap();
+    let mut c = proxy.client();
+    for round in 0..3 {
+        assert_eq!(c.set(&key, b"v"), "STORED\r\n", "round {round}");
+        mc[1].kill();
+        let reply = c.set(&key, b"v");
+        assert!(reply.starts_with("SERVER_ERROR backend"), "round {round}: {reply}");
+        mc[1].restart();
+        assert_eq!(c.set(&key, b"again"), "STORED\r\n", "round {round}: the first request after the restart");
+        assert_eq!(c.get(&key).as_deref(), Some(&b"again"[..]));
+    }
+}
+
+/// With auto_eject_hosts, a retry of a server that is still dead costs one
+/// failed request, which ejects it again at once (it is on probation), not
+/// a burst of errors until the failure limit is reached again.
+#[test]
+fn a_retried_dead_server_is_ejected_again_at_once() {
+    let mut mc = memcacheds(2);
+    let extra = "  auto_eject_hosts: true\n  server_failure_limit: 2\n  server_retry_timeout: 200\n  timeout: 500\n  hash: md5\n";
+    let proxy = Proxy::start(&support::config(extra, &refs(&mc)));
+    let victim = mc[0].port;
+    let key = (0..1000).map(|i| format!("ej:{i}")).find(|k| owner_port(&proxy, k) == victim).unwrap();
+    let mut c = proxy.client();
+    mc[0].kill();
+    let (mut stored, mut errors) = (0u64, 0u64);
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        let reply = c.set(&key, b"v");
+        if reply == "STORED\r\n" {
+            stored += 1;
+        } else {
+            assert!(reply.starts_with("SERVER_ERROR"), "{reply}");
+            errors += 1;
+        }
+    }
+    let (_, stats) = proxy.admin("GET", "/stats", "");
+    let v: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    let server = v["pools"][0]["servers"].as_array().unwrap().iter().find(|s| s["id"] == mc[0].id()).unwrap().clone();
+    let ejections = server["ejections"].as_u64().unwrap();
+    assert!(ejections >= 3, "retried every 200 ms and ejected again: {server}");
+    assert!(stored > 100, "the key was served elsewhere meanwhile: {stored}");
+    // The first ejection takes server_failure_limit failures; each retry one
+    // (two when a request was already on its way).
+    assert!(errors <= 2 + 2 * ejections, "{errors} errors for {ejections} ejections");
+}
+
+/// A server's latency is its own part (from writing the request to reading
+/// the reply), not the time its reply waits for a slow client, and a stall
+/// longer than the top bucket's bound is reported as what it was.
+#[test]
+fn server_latency_is_the_servers_part_and_quantiles_are_honest() {
+    let mc = memcacheds(1);
+    let proxy = Proxy::start(&support::config("", &refs(&mc)));
+    let mut c = proxy.client();
+    let big = vec![b'x'; 512 * 1024];
+    assert_eq!(c.set("big", &big), "STORED\r\n");
+    // 40 replies of 512 KiB wait for a client that reads only after 1.2 s.
+    for _ in 0..40 {
+        c.send(b"get big\r\n");
+    }
+    thread::sleep(Duration::from_millis(1200));
+    for _ in 0..40 {
+        assert_eq!(c.read_get_reply()[0].2.len(), big.len());
+    }
+    let latency = |proxy: &Proxy| {
+        let (_, stats) = proxy.admin("GET", "/stats", "");
+        let v: serde_json::Value = serde_json::from_str(&stats).unwrap();
+        v["pools"][0]["servers"][0]["latency_us"].clone()
+    };
+    let l = latency(&proxy);
+    assert!(l["max"].as_u64().unwrap() < 500_000, "the client's reading is not the server's latency: {l}");
+    // Now the server itself stalls for 1.3 s during a get.
+    mc[0].pause(Duration::from_millis(1300));
+    let started = Instant::now();
+    assert_eq!(c.get("big").map(|v| v.len()), Some(big.len()));
+    assert!(started.elapsed() >= Duration::from_millis(1200));
+    for _ in 0..20 {
+        assert!(c.get("big").is_some());
+    }
+    let l = latency(&proxy);
+    let (p99, max) = (l["p99"].as_u64().unwrap(), l["max"].as_u64().unwrap());
+    assert!((1_200_000..5_000_000).contains(&max), "{l}");
+    assert_eq!(p99, max, "p99 falls in the stalled request's bucket and is its value, not the bucket's bound: {l}");
+}
+
 /// With auto_eject_hosts, a dead server's keys move to the others until it
 /// is retried, and come back after it returns.
 #[test]

@@ -485,3 +485,43 @@ fn redis_cli_works_against_the_proxy() {
     assert_eq!(run(&["PING"]), "PONG");
     assert!(run(&["KEYS", "*"]).contains("not supported"));
 }
+
+/// A server whose connection set-up fails (wrong `redis_auth`, or a
+/// `redis_db` it does not have) is down: every request gets an error
+/// within the pool's timeout, naming what the server said, and the stats
+/// say so. Before, requests queued behind the failed set-up were never
+/// answered.
+#[test]
+fn a_failing_connection_setup_answers_every_request() {
+    let rs = [Redis::start(Some("sekret"))];
+    let refs: Vec<&Redis> = rs.iter().collect();
+    for (extra, said) in [
+        ("  redis_auth: badpasswd\n  preconnect: true\n", "WRONGPASS"),
+        ("  redis_auth: badpasswd\n  preconnect: false\n", "WRONGPASS"),
+        ("  redis_auth: sekret\n  redis_db: 99\n", "DB index is out of range"),
+    ] {
+        let proxy = Proxy::start(&config(&format!("  timeout: 400\n{extra}"), &refs));
+        let mut c = Resp::connect(proxy.addr);
+        c.w.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        c.r.get_ref().set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+        let pw = if extra.contains("badpasswd") { "badpasswd" } else { "sekret" };
+        assert_eq!(c.cmd(&["AUTH", pw]), "+OK", "{extra}");
+        for i in 0..5 {
+            let started = Instant::now();
+            // Pipelined: the second waits behind the first.
+            c.send(&["SET", &format!("k{i}"), "v"]);
+            c.send(&["GET", &format!("k{i}")]);
+            for _ in 0..2 {
+                let reply = c.read();
+                assert!(reply.starts_with("-ERR backend"), "{extra}: {reply}");
+                assert!(reply.contains(said), "the server's refusal reaches the client: {reply}");
+            }
+            assert!(started.elapsed() < Duration::from_millis(1500), "{extra}: answered late: {:?}", started.elapsed());
+        }
+        let (_, stats) = proxy.admin("GET", "/stats", "");
+        let v: serde_json::Value = serde_json::from_str(&stats).unwrap();
+        let server = &v["pools"][0]["servers"][0];
+        assert_eq!(server["state"], "down", "{extra}: {server}");
+        assert!(server["errors"].as_u64().unwrap() >= 10, "{extra}: {server}");
+    }
+}

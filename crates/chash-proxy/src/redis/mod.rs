@@ -14,7 +14,6 @@ pub mod resp;
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -254,11 +253,10 @@ async fn forward(pool: &Arc<Pool>, key: &[u8], cmd: Command, affinity: usize) ->
 }
 
 async fn send(pool: &Arc<Pool>, server: Arc<Server>, cmd: Command, affinity: usize) -> PendingReply {
-    let started = Instant::now();
     let rx = server.submit(cmd.wire(), ReplyKind::Resp, affinity).await;
     let pool = pool.clone();
     Box::pin(async move {
-        match server.finish(rx, started).await {
+        match server.finish(rx).await {
             Ok(Reply::Line(frame)) | Ok(Reply::Values(frame)) => Some(Out::Bytes(frame)),
             Ok(Reply::Stream(stream)) => {
                 pool.stats.streamed_replies.fetch_add(1, Relaxed);
@@ -322,16 +320,15 @@ async fn split(
     let total = (cmd.args.len() - first) / step;
     let mut waits = Vec::with_capacity(groups.len());
     for (server, args, slots) in groups {
-        let started = Instant::now();
         let rx = server.submit(Command::new(args).wire(), ReplyKind::RespWhole, affinity).await;
-        waits.push((server, rx, started, slots));
+        waits.push((server, rx, slots));
     }
     let pool = pool.clone();
     bytes_reply(async move {
         let mut items: Vec<Option<Bytes>> = vec![None; total];
         let mut sum = 0i64;
-        for (server, rx, started, slots) in waits {
-            let frame = match server.finish(rx, started).await {
+        for (server, rx, slots) in waits {
+            let frame = match server.finish(rx).await {
                 Ok(Reply::Line(f)) | Ok(Reply::Values(f)) => f,
                 Ok(Reply::Stream(_)) => {
                     pool.stats.errors.fetch_add(1, Relaxed);

@@ -121,6 +121,18 @@ impl Memcached {
         }
     }
 
+    /// Stops the process for `d` (SIGSTOP, then SIGCONT), as a stalled
+    /// server would; returns at once.
+    pub fn pause(&self, d: Duration) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let status = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+        assert!(status.success());
+        thread::spawn(move || {
+            thread::sleep(d);
+            let _ = Command::new("kill").args(["-CONT", &pid]).status();
+        });
+    }
+
     /// Starts it again on the same port.
     pub fn restart(&mut self) {
         self.kill();
