@@ -1,19 +1,24 @@
-//! Backend bytes: the reply parser never panics and only consumes what it returns.
+//! Server bytes: the reply framings never panic and only consume what they return.
 #![no_main]
 use bytes::BytesMut;
-use chash_proxy::memcache::{parse_reply, values, Reply, ReplyKind, ReplyParse};
+use chash_proxy::memcache::{values, LINE, VALUES};
+use chash_proxy::Frame;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    for kind in [ReplyKind::Line, ReplyKind::Values] {
+    for framing in [LINE, VALUES] {
         let mut buf = BytesMut::from(data);
         for _ in 0..1000 {
-            match parse_reply(&mut buf, kind) {
-                ReplyParse::Done(Reply::Values(raw)) => {
+            let before = buf.len();
+            match framing.parse(&mut buf) {
+                Frame::Done(raw) => {
+                    assert_eq!(before - buf.len(), raw.len());
                     let _ = values(&raw);
                 }
-                ReplyParse::Done(Reply::Line(_) | Reply::Stream(_)) => {}
-                ReplyParse::Incomplete | ReplyParse::Invalid(_) => break,
+                Frame::Incomplete | Frame::Invalid(_) => {
+                    assert_eq!(buf.len(), before);
+                    break;
+                }
             }
         }
     }

@@ -2,12 +2,14 @@
 //! every request it returns re-encodes to something it parses again.
 #![no_main]
 use bytes::BytesMut;
-use chash_proxy::memcache::{parse_request, Limits, Parsed};
+use chash_proxy::memcache::{parse_more_keys, parse_request, Limits, Parsed, Request};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let limits = Limits { max_value: 4096, lenient_keys: data.first().is_some_and(|b| b & 1 == 1) };
     let mut buf = BytesMut::new();
+    // A get line taken in segments continues here.
+    let mut continuing = None;
     // Feed in two pieces to exercise incomplete input.
     let cut = data.len() / 2;
     for piece in [&data[..cut], &data[cut..]] {
@@ -17,9 +19,22 @@ fuzz_target!(|data: &[u8]| {
             steps += 1;
             assert!(steps < 100_000, "no progress");
             let before = buf.len();
-            match parse_request(&mut buf, limits) {
-                Parsed::Incomplete => break,
-                Parsed::Refused { .. } => assert!(buf.len() <= before),
+            let cont = continuing.take();
+            let parsed = match cont {
+                Some((cmd, exptime)) => parse_more_keys(&mut buf, cmd, exptime, limits),
+                None => parse_request(&mut buf, limits),
+            };
+            match parsed {
+                Parsed::Incomplete => {
+                    continuing = cont;
+                    break;
+                }
+                Parsed::Refused { .. } | Parsed::RefusedLine { .. } => assert!(buf.len() <= before),
+                Parsed::Partial(Request::Retrieval { cmd, exptime, .. }) => {
+                    assert!(buf.len() < before);
+                    continuing = Some((cmd, exptime));
+                }
+                Parsed::Partial(other) => panic!("a partial request that is not a get: {other:?}"),
                 Parsed::Request(req) => {
                     assert!(buf.len() < before);
                     let mut again = BytesMut::new();

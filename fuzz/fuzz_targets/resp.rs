@@ -3,7 +3,8 @@
 //! bytes in two pieces, ends each reply where the whole-frame parser does.
 #![no_main]
 use bytes::BytesMut;
-use chash_proxy::redis::resp::{array_items, parse_reply, parse_request, Frame, FrameScanner, Request, RespLimits};
+use chash_proxy::redis::resp::{array_items, parse_reply, parse_request, FrameScanner, Request, RespLimits};
+use chash_proxy::Frame;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -19,6 +20,13 @@ fuzz_target!(|data: &[u8]| {
                 match parse_request(&mut again, limits) {
                     Request::Command(back) => assert_eq!(back.args, cmd.args),
                     other => panic!("re-encoded command did not parse: {other:?}"),
+                }
+            }
+            Request::TooLarge { mut skip, .. } => {
+                // Read past the rest of the refused command, then go on.
+                match skip.advance(&mut buf) {
+                    Ok(true) => {}
+                    Ok(false) | Err(_) => break,
                 }
             }
             Request::Incomplete | Request::Error(_) => break,

@@ -20,10 +20,8 @@ use anyhow::{bail, Context, Result};
 use chash::analysis::{sampling_floor_cv, Balance};
 use chash::config::{Distribution, Pool, Snapshot};
 use chash::{Node, ServerLine};
-use chash_proxy::backend::Address;
 use chash_proxy::embedded::{start_shard, Shard};
-use chash_proxy::proxy::PoolSpec;
-use chash_proxy::ProxyOptions;
+use chash_proxy::{Address, PoolSpec, ProxyOptions};
 use clap::Args;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -250,12 +248,11 @@ async fn demo(args: DemoArgs) -> Result<()> {
     let (ring_spec, ring_shards) = pool_spec("ring", Distribution::Ring, &stop_rx).await?;
     let (mod_spec, mod_shards) = pool_spec("modula", Distribution::Modula, &stop_rx).await?;
     let ring_config = ring_spec.config.clone();
-    let running =
-        chash_proxy::start(vec![ring_spec, mod_spec], ProxyOptions::default()).await.map_err(anyhow::Error::msg)?;
+    let running = chash_proxy::start(vec![ring_spec, mod_spec], ProxyOptions::default()).await?;
     let ring = Cluster { addr: running.listeners[0].1, shards: ring_shards };
     let modula = Cluster { addr: running.listeners[1].1, shards: mod_shards };
-    let ring_pool = running.proxy.pool("ring").context("ring pool")?;
-    let mod_pool = running.proxy.pool("modula").context("modula pool")?;
+    let ring_pool = running.registry.pool("ring").context("ring pool")?;
+    let mod_pool = running.registry.pool("modula").context("modula pool")?;
 
     writeln!(
         out,

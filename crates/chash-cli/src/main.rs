@@ -35,7 +35,7 @@ enum Command {
     Hash(hash::HashArgs),
     /// Watch keys move: shards leave and join, ring against hash % n.
     Demo(demo::DemoArgs),
-    /// Run the sharding proxy (memcached protocol), configured like twemproxy.
+    /// Run the sharding proxy (memcached and Redis), configured and run like twemproxy.
     Proxy(proxy::ProxyArgs),
     /// Shares of the hash space and of sampled keys per server, against weights.
     Analyze(analyze::AnalyzeArgs),
@@ -45,7 +45,31 @@ enum Command {
     Bench(bench::BenchArgs),
 }
 
+/// Called as `nutcracker` (a symlink to chash), the binary is
+/// `chash proxy` with Debian's nutcracker defaults: a unit or init script
+/// written for nutcracker runs it with only its path changed.
+fn nutcracker_main() -> ExitCode {
+    #[derive(Parser, Debug)]
+    #[command(name = "nutcracker")]
+    struct Nutcracker {
+        #[command(flatten)]
+        args: proxy::ProxyArgs,
+    }
+    let args = match Nutcracker::try_parse() {
+        Ok(n) => n.args.with_nutcracker_defaults(),
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 1 } else { 0 });
+        }
+    };
+    finish(proxy::run(args))
+}
+
 fn main() -> ExitCode {
+    let called = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&called).file_name().is_some_and(|n| n == "nutcracker") {
+        return nutcracker_main();
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
@@ -63,6 +87,10 @@ fn main() -> ExitCode {
         Command::Plan(args) => plan::run(args),
         Command::Bench(args) => bench::run(args),
     };
+    finish(result)
+}
+
+fn finish(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,

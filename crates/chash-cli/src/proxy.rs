@@ -1,66 +1,127 @@
-//! `chash proxy`.
+//! `chash proxy` (also what runs when the binary is called `nutcracker`):
+//! twemproxy's flags, signals, stats port, log file and pid file, in front
+//! of the proxy library.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use chash::config::{Config, Pool};
 use chash::ServerLine;
-use chash_proxy::backend::Address;
-use chash_proxy::proxy::PoolSpec;
-use chash_proxy::{ProxyOptions, Running};
+use chash_proxy::{Address, PoolSpec, ProxyOptions, Running};
 use clap::Args;
 use tokio::signal::unix::{signal, SignalKind};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 #[derive(Args, Debug)]
-#[command(after_help = "\
+#[command(
+    version,
+    after_help = "\
 Without -c, serves an embedded default: one memcached pool on 127.0.0.1:22121
 in front of three in-process cache shards, so it works with nothing installed.
+Called as `nutcracker` (a symlink), it reads /etc/nutcracker/nutcracker.yml
+and logs to /var/log/nutcracker/nutcracker.log unless told otherwise, as
+Debian's nutcracker does.
 
-Signals: SIGHUP re-reads the config file (servers and placement change live;
-only the changed servers' keys move); SIGINT and SIGTERM stop accepting, let
-in-flight requests finish, and exit.
-
-Admin endpoint (default http://127.0.0.1:22222): GET /stats, GET /metrics,
-GET /pools, POST /pools/POOL/servers (body ID:WEIGHT [NAME]),
+Stats: twemproxy's JSON document on -a:-s (default 0.0.0.0:22222) to anyone
+who connects (`nc 127.0.0.1 22222`), refreshed every -i ms. chash's own
+HTTP admin endpoint (default http://127.0.0.1:22223, --admin): GET /stats,
+GET /metrics, GET /pools, POST /pools/POOL/servers (body ID:WEIGHT [NAME]),
 DELETE /pools/POOL/servers/ID, PUT /pools/POOL/servers/ID/weight,
 POST /pools/POOL/servers/ID/eject|restore, POST /reload.
 
+Signals: SIGHUP reopens the log file (-o) and re-reads the config file
+(servers and placement change live; only the changed servers' keys move);
+SIGTTIN raises and SIGTTOU lowers the log level by one; SIGUSR1 and SIGUSR2
+are ignored; SIGINT and SIGTERM stop accepting, let in-flight requests
+finish, remove the pid file and exit 0.
+
 Examples:
-  chash proxy                         # embedded default
-  chash proxy -c nutcracker.yml -s 22222
-  chash proxy -c nutcracker.yml --test-conf")]
+  chash proxy                                   # embedded default
+  chash proxy -c nutcracker.yml -s 22222 -o /var/log/chash.log -p /run/chash.pid -d
+  chash proxy -c nutcracker.yml --test-conf"
+)]
 pub struct ProxyArgs {
     /// twemproxy-style YAML config file (every pool in it is served).
     #[arg(short = 'c', long = "conf-file", value_name = "FILE")]
     config: Option<PathBuf>,
 
-    /// Admin/stats port.
+    /// twemproxy's stats port: its JSON stats document, to anyone who
+    /// connects (0 picks a free port).
     #[arg(short = 's', long = "stats-port", value_name = "PORT", default_value_t = 22222)]
     stats_port: u16,
 
-    /// Admin/stats address (loopback unless you say otherwise).
-    #[arg(short = 'a', long = "stats-addr", value_name = "ADDR", default_value = "127.0.0.1")]
+    /// The stats port's address (twemproxy's default: every interface).
+    #[arg(short = 'a', long = "stats-addr", value_name = "ADDR", default_value = "0.0.0.0")]
     stats_addr: std::net::IpAddr,
 
-    /// Do not serve the admin/stats endpoint.
+    /// How often the stats document's counters are refreshed, in
+    /// milliseconds (twemproxy's aggregation interval).
+    #[arg(short = 'i', long = "stats-interval", value_name = "MSEC", default_value_t = 30_000)]
+    stats_interval: u64,
+
+    /// Do not serve the stats port.
+    #[arg(long)]
+    no_stats: bool,
+
+    /// chash's HTTP admin endpoint: /stats, /metrics and live membership
+    /// changes (loopback unless you say otherwise; 0 as port picks one).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:22223")]
+    admin: SocketAddr,
+
+    /// Do not serve the admin endpoint.
     #[arg(long)]
     no_admin: bool,
 
-    /// Log verbosity, as twemproxy's -v: 0-4 warnings, 5-6 info, 7-8 debug, 9+ trace.
+    /// Log level, as twemproxy's -v (0-11): 0-3 errors, 4 warnings, 5-6
+    /// info, 7-8 debug, 9-11 trace. SIGTTIN/SIGTTOU move it by one.
     #[arg(short = 'v', long = "verbose", value_name = "N", default_value_t = 5)]
     verbosity: u8,
+
+    /// Log to this file instead of standard error; reopened on SIGHUP (for
+    /// logrotate).
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+
+    /// Write the process id to this file; removed on exit.
+    #[arg(short = 'p', long = "pid-file", value_name = "FILE")]
+    pid_file: Option<PathBuf>,
+
+    /// Run in the background (detached from the terminal, standard streams
+    /// closed); returns once the proxy serves, or with its start-up error.
+    #[arg(short = 'd', long = "daemonize")]
+    daemonize: bool,
+
+    /// Describe twemproxy's stats fields and exit.
+    #[arg(short = 'D', long = "describe-stats")]
+    describe_stats: bool,
+
+    /// twemproxy's mbuf size (512 to 16777216): accepted for compatibility
+    /// and ignored; chash sizes its buffers itself.
+    #[arg(short = 'm', long = "mbuf-size", value_name = "BYTES", value_parser = clap::value_parser!(u32).range(512..=16_777_216))]
+    mbuf_size: Option<u32>,
 
     /// Check the config file and exit.
     #[arg(short = 't', long = "test-conf")]
     test_conf: bool,
 
-    /// Largest value accepted from clients, in bytes; larger ones get
-    /// SERVER_ERROR without being buffered.
-    #[arg(long, value_name = "BYTES", default_value_t = chash_proxy::DEFAULT_MAX_VALUE)]
-    max_value_size: usize,
+    /// Largest value accepted from clients, in bytes; larger ones get an
+    /// error naming this limit, without being buffered. Default: 1 MiB for
+    /// memcached pools (memcached's item size), 64 MiB for Redis pools.
+    #[arg(long, value_name = "BYTES")]
+    max_value_size: Option<usize>,
+
+    /// Reply bytes a client may leave unread before the proxy stops reading
+    /// its requests; a client leaving 16 times that unread is disconnected.
+    #[arg(long, value_name = "BYTES", default_value_t = chash_proxy::DEFAULT_CLIENT_BUFFER)]
+    client_buffer: usize,
 
     /// Accept keys with control bytes, as memcached and twemproxy do
     /// (protocol.txt forbids them, so they are refused by default; load
@@ -73,7 +134,7 @@ pub struct ProxyArgs {
     client_idle_timeout: u64,
 
     /// Worker threads, each serving its share of the client connections
-    /// with its own backend connections (a pool's server_connections are per
+    /// with its own server connections (a pool's server_connections are per
     /// worker). Default: one per core but one, at least one; on a host of
     /// its own, use all cores.
     #[arg(long, value_name = "N")]
@@ -88,17 +149,108 @@ pub struct ProxyArgs {
     listen: String,
 }
 
-fn init_logging(verbosity: u8) {
-    let level = match verbosity {
-        0..=4 => tracing::Level::WARN,
-        5..=6 => tracing::Level::INFO,
-        7..=8 => tracing::Level::DEBUG,
-        _ => tracing::Level::TRACE,
-    };
-    let _ = tracing_subscriber::fmt().with_max_level(level).with_target(false).with_writer(std::io::stderr).try_init();
+/// Debian's nutcracker defaults, used when the binary is called `nutcracker`.
+const NUTCRACKER_CONF: &str = "/etc/nutcracker/nutcracker.yml";
+const NUTCRACKER_LOG: &str = "/var/log/nutcracker/nutcracker.log";
+
+/// Marks the background process of `-d`.
+const DAEMON_ENV: &str = "CHASH_PROXY_DAEMON";
+
+/// The line a daemon's background process prints when it serves.
+const READY: &str = "chash-proxy ready";
+
+impl ProxyArgs {
+    /// Applies Debian's nutcracker defaults where a flag was not given.
+    pub fn with_nutcracker_defaults(mut self) -> ProxyArgs {
+        self.config.get_or_insert_with(|| NUTCRACKER_CONF.into());
+        self.output.get_or_insert_with(|| NUTCRACKER_LOG.into());
+        self
+    }
 }
 
-fn load(path: &PathBuf) -> Result<Vec<Pool>> {
+/// The log: standard error or a file that SIGHUP reopens; its level moves
+/// with SIGTTIN/SIGTTOU.
+struct Log {
+    file: Option<(PathBuf, Arc<Mutex<std::fs::File>>)>,
+    verbosity: AtomicU8,
+    level: tracing_subscriber::reload::Handle<LevelFilter, tracing_subscriber::Registry>,
+}
+
+fn level_of(verbosity: u8) -> LevelFilter {
+    match verbosity {
+        0..=3 => LevelFilter::ERROR,
+        4 => LevelFilter::WARN,
+        5..=6 => LevelFilter::INFO,
+        7..=8 => LevelFilter::DEBUG,
+        _ => LevelFilter::TRACE,
+    }
+}
+
+fn open_log(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().create(true).append(true).open(path)
+}
+
+/// Writes log lines to the shared file.
+struct FileWriter(Arc<Mutex<std::fs::File>>);
+
+impl std::io::Write for FileWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).flush()
+    }
+}
+
+impl Log {
+    fn init(verbosity: u8, output: Option<&Path>) -> Result<Log> {
+        let verbosity = verbosity.min(11);
+        let (filter, level) = tracing_subscriber::reload::Layer::new(level_of(verbosity));
+        let file = match output {
+            Some(path) => {
+                let f = open_log(path).with_context(|| format!("cannot open log file {}", path.display()))?;
+                Some((path.to_owned(), Arc::new(Mutex::new(f))))
+            }
+            None => None,
+        };
+        let fmt = tracing_subscriber::fmt::layer().with_target(false);
+        let registry = tracing_subscriber::registry().with(filter);
+        let _ = match &file {
+            Some((_, f)) => {
+                let f = f.clone();
+                registry.with(fmt.with_ansi(false).with_writer(move || FileWriter(f.clone()))).try_init()
+            }
+            None => registry.with(fmt.with_writer(std::io::stderr)).try_init(),
+        };
+        Ok(Log { file, verbosity: AtomicU8::new(verbosity), level })
+    }
+
+    /// Reopens the log file (after logrotate moved it).
+    fn reopen(&self) {
+        let Some((path, file)) = &self.file else { return };
+        match open_log(path) {
+            Ok(f) => *file.lock().unwrap_or_else(|e| e.into_inner()) = f,
+            Err(e) => {
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "chash proxy: reopening log file {} failed, ignored: {e}",
+                    path.display()
+                );
+            }
+        }
+    }
+
+    /// Moves the level by `by` (twemproxy's 0 to 11).
+    fn shift(&self, by: i8) {
+        let now = self.verbosity.load(Relaxed);
+        let next = now.saturating_add_signed(by).min(11);
+        self.verbosity.store(next, Relaxed);
+        let _ = self.level.modify(|l| *l = level_of(next));
+        tracing::info!("log level {now} -> {next} ({})", level_of(next));
+    }
+}
+
+fn load(path: &Path) -> Result<Vec<Pool>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let config = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
     let mut pools = Vec::new();
@@ -113,14 +265,25 @@ fn load(path: &PathBuf) -> Result<Vec<Pool>> {
 }
 
 pub fn run(args: ProxyArgs) -> Result<()> {
+    if args.describe_stats {
+        print!("{}", chash_proxy::describe_stats());
+        return Ok(());
+    }
     if args.test_conf {
         let path = args.config.as_ref().context("--test-conf needs -c FILE")?;
         let pools = load(path)?;
         println!("chash: configuration file '{}' syntax is ok ({} pools)", path.display(), pools.len());
         return Ok(());
     }
-    init_logging(args.verbosity);
-    // Client and backend connections run on the worker threads (one
+    if args.daemonize && std::env::var_os(DAEMON_ENV).is_none() {
+        return daemonize();
+    }
+    if std::env::var_os(DAEMON_ENV).is_some() {
+        // The background process of -d: a session of its own, no terminal.
+        let _ = nix::unistd::setsid();
+    }
+    let log = Log::init(args.verbosity, args.output.as_deref())?;
+    // Client and server connections run on the worker threads (one
     // single-threaded runtime each); this one accepts connections and runs
     // the admin endpoint, signals and the embedded shards.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -128,27 +291,62 @@ pub fn run(args: ProxyArgs) -> Result<()> {
         .enable_all()
         .build()
         .context("cannot start the runtime")?;
-    runtime.block_on(serve(args))
+    runtime.block_on(serve(args, log))
 }
 
-async fn serve(args: ProxyArgs) -> Result<()> {
-    let options = ProxyOptions {
-        admin_addr: (!args.no_admin).then(|| SocketAddr::new(args.stats_addr, args.stats_port)),
-        max_value_size: args.max_value_size,
-        client_idle_timeout: (args.client_idle_timeout > 0).then(|| Duration::from_secs(args.client_idle_timeout)),
-        config_path: args.config.clone(),
-        drain: chash_proxy::DEFAULT_DRAIN,
-        lenient_keys: args.lenient_keys,
-        threads: Some(match args.threads {
-            Some(0) => anyhow::bail!("--threads must be at least 1"),
-            Some(n) => n,
-            // A core is left to the kernel's network work and to the
-            // clients or servers that share the host: measured on 2 cores,
-            // one worker makes 3-13% more unpipelined Redis requests per second
-            // than two, with a lower p99 (BENCHMARKS.md).
-            None => std::thread::available_parallelism().map_or(1, |n| usize::from(n).saturating_sub(1).max(1)),
-        }),
+/// `-d`: starts the same command again in the background and returns once
+/// it serves (exit 0), or with its start-up error.
+fn daemonize() -> Result<()> {
+    let exe = std::env::current_exe().context("cannot find this program to run it in the background")?;
+    let mut child = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env(DAEMON_ENV, "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("cannot start the background process")?;
+    let mut said = String::new();
+    if let Some(out) = child.stdout.take() {
+        use std::io::BufRead as _;
+        let mut lines = std::io::BufReader::new(out).lines();
+        if let Some(Ok(line)) = lines.next() {
+            said = line;
+        }
+    }
+    if said == READY {
+        return Ok(());
+    }
+    let status = child.wait()?;
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read as _;
+        let _ = e.read_to_string(&mut err);
+    }
+    let err = err.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").to_owned();
+    bail!("the background proxy did not start ({status}): {}", err.trim_start_matches("chash: error: "))
+}
+
+async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
+    let threads = match args.threads {
+        Some(0) => bail!("--threads must be at least 1"),
+        Some(n) => n,
+        // A core is left to the kernel's network work and to the
+        // clients or servers that share the host: measured on 2 cores,
+        // one worker makes 3-13% more unpipelined Redis requests per second
+        // than two, with a lower p99 (BENCHMARKS.md).
+        None => std::thread::available_parallelism().map_or(1, |n| usize::from(n).saturating_sub(1).max(1)),
     };
+    let mut options = ProxyOptions::default();
+    options.admin_addr = (!args.no_admin).then_some(args.admin);
+    options.stats_addr = (!args.no_stats).then(|| SocketAddr::new(args.stats_addr, args.stats_port));
+    options.stats_interval = Duration::from_millis(args.stats_interval.max(1));
+    options.max_value_size = args.max_value_size;
+    options.client_buffer = args.client_buffer.max(1);
+    options.client_idle_timeout = (args.client_idle_timeout > 0).then(|| Duration::from_secs(args.client_idle_timeout));
+    options.config_path = args.config.clone();
+    options.lenient_keys = args.lenient_keys;
+    options.threads = Some(threads);
     let (specs, embedded) = match &args.config {
         Some(path) => {
             (load(path)?.into_iter().map(|config| PoolSpec { config, addresses: HashMap::new() }).collect(), None)
@@ -158,14 +356,25 @@ async fn serve(args: ProxyArgs) -> Result<()> {
             (vec![spec], Some(shutdown))
         }
     };
-    let running = chash_proxy::start(specs, options).await.map_err(anyhow::Error::msg)?;
+    let running = chash_proxy::start(specs, options).await?;
+    if let Some(path) = &args.pid_file {
+        std::fs::write(path, format!("{}\n", std::process::id()))
+            .with_context(|| format!("cannot write pid file {}", path.display()))?;
+    }
     announce(&running, embedded.is_some());
-    let outcome = wait_for_signals(&running).await;
+    if std::env::var_os(DAEMON_ENV).is_some() {
+        println!("{READY}");
+    }
+    let outcome = wait_for_signals(&running, &log).await;
     tracing::info!("shutting down: finishing in-flight requests");
     running.shutdown().await;
     if let Some(stop) = embedded {
         let _ = stop.send(true);
     }
+    if let Some(path) = &args.pid_file {
+        let _ = std::fs::remove_file(path);
+    }
+    tracing::info!("stopped");
     outcome
 }
 
@@ -186,8 +395,10 @@ async fn embedded_pool(memory: u64, listen: &str) -> Result<(PoolSpec, tokio::sy
 }
 
 fn announce(running: &Running, embedded: bool) {
-    for (name, addr) in &running.listeners {
-        eprintln!("chash proxy: pool {name:?} serving memcached on {addr}");
+    for (pool, (name, addr)) in running.registry.pools().iter().zip(&running.listeners) {
+        let protocol = if pool.settings.redis { "Redis" } else { "memcached" };
+        tracing::info!("pool {name:?} serving {protocol} on {addr}");
+        eprintln!("chash proxy: pool {name:?} serving {protocol} on {addr}");
     }
     if embedded {
         eprintln!("chash proxy: no -c given: the pool is in front of three in-process cache shards (shard-a, shard-b, shard-c)");
@@ -199,27 +410,48 @@ fn announce(running: &Running, embedded: bool) {
             );
         }
     }
+    if let Some(stats) = running.stats {
+        eprintln!("chash proxy: stats (twemproxy's JSON) on {stats}  (nc {} {})", stats.ip(), stats.port());
+    }
     if let Some(admin) = running.admin {
         eprintln!("chash proxy: admin on http://{admin}  (curl http://{admin}/stats)");
     }
-    eprintln!("chash proxy: SIGHUP reloads the config, Ctrl-C stops");
+    eprintln!("chash proxy: SIGHUP reloads the config and reopens the log, Ctrl-C stops");
 }
 
-async fn wait_for_signals(running: &Running) -> Result<()> {
-    let mut hup = signal(SignalKind::hangup()).context("cannot watch SIGHUP")?;
-    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+async fn wait_for_signals(running: &Running, log: &Log) -> Result<()> {
+    let watch = |kind: SignalKind, name: &str| signal(kind).with_context(|| format!("cannot watch {name}"));
+    let mut hup = watch(SignalKind::hangup(), "SIGHUP")?;
+    let mut term = watch(SignalKind::terminate(), "SIGTERM")?;
+    let mut int = watch(SignalKind::interrupt(), "SIGINT")?;
+    let mut usr1 = watch(SignalKind::user_defined1(), "SIGUSR1")?;
+    let mut usr2 = watch(SignalKind::user_defined2(), "SIGUSR2")?;
+    // SIGTTIN and SIGTTOU (21, 22): handled, so a proxy started from a
+    // shell is never stopped by them.
+    let mut ttin = watch(SignalKind::from_raw(21), "SIGTTIN")?;
+    let mut ttou = watch(SignalKind::from_raw(22), "SIGTTOU")?;
     loop {
         tokio::select! {
-            _ = hup.recv() => match running.proxy.reload() {
-                Ok(results) => for (pool, r) in results {
-                    match r {
-                        Ok(c) => tracing::info!(%pool, moved = c.moved_fraction, "reload: {}", c.change),
-                        Err(e) => tracing::warn!(%pool, "reload: {e}"),
-                    }
-                },
-                Err(e) => tracing::error!("reload failed, nothing changed: {e}"),
-            },
+            _ = hup.recv() => {
+                tracing::info!("signal SIGHUP received: reopening the log file and reloading the config");
+                log.reopen();
+                if running.registry.shared.options.config_path.is_none() {
+                    continue;
+                }
+                match running.registry.reload() {
+                    Ok(results) => for (pool, r) in results {
+                        match r {
+                            Ok(c) => tracing::info!(%pool, moved = c.moved_fraction, "reload: {}", c.change),
+                            Err(e) => tracing::warn!(%pool, "reload: {e}"),
+                        }
+                    },
+                    Err(e) => tracing::error!("reload failed, nothing changed: {e}"),
+                }
+            }
+            _ = ttin.recv() => log.shift(1),
+            _ = ttou.recv() => log.shift(-1),
+            _ = usr1.recv() => tracing::info!("signal SIGUSR1 received: ignored"),
+            _ = usr2.recv() => tracing::info!("signal SIGUSR2 received: ignored"),
             _ = term.recv() => return Ok(()),
             _ = int.recv() => return Ok(()),
         }

@@ -18,6 +18,7 @@ impl ProxyProcess {
     fn start(args: &[&str]) -> ProxyProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_chash"))
             .arg("proxy")
+            .args(["--admin", "127.0.0.1:0", "-a", "127.0.0.1"])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -13,10 +13,11 @@
 //! | `POST /reload` | re-reads the config file (as SIGHUP does) |
 //!
 //! Changes answer with the share of the key space that moved. Server ids go
-//! in the path percent-encoded where needed (`/` as `%2F`).
+//! in the path percent-encoded where needed (`/` as `%2F`). Counters come
+//! from the pools' stats snapshots, the same ones every other rendering
+//! uses.
 
 use std::fmt::Write as _;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,14 +26,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-use crate::pool::{Ejection, Member, Pool};
-use crate::proxy::Proxy;
+use crate::registry::Registry;
+use crate::stats::{Desc, Kind, PoolSnapshot, ServerSnapshot};
 
 const MAX_HEAD: usize = 16 * 1024;
 const MAX_BODY: usize = 64 * 1024;
 
 /// Serves admin requests until shutdown.
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, mut stop: watch::Receiver<bool>) {
+pub async fn serve(listener: TcpListener, registry: Arc<Registry>, mut stop: watch::Receiver<bool>) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -42,9 +43,9 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, mut stop: watch::Re
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;
         };
-        let proxy = proxy.clone();
+        let registry = registry.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(10), handle(stream, proxy)).await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), handle(stream, registry)).await;
         });
     }
 }
@@ -63,7 +64,7 @@ fn error(status: u16, message: impl Into<String>) -> Response {
     json_response(status, json!({ "error": message.into() }))
 }
 
-async fn handle(mut stream: TcpStream, proxy: Arc<Proxy>) -> std::io::Result<()> {
+async fn handle(mut stream: TcpStream, registry: Arc<Registry>) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -105,11 +106,11 @@ async fn handle(mut stream: TcpStream, proxy: Arc<Proxy>) -> std::io::Result<()>
     let path = target.split('?').next().unwrap_or("/");
     let segments: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
-    let response = route(&proxy, &method, &segs, &body);
+    let response = route(&registry, &method, &segs, &body);
     write(&mut stream, response).await
 }
 
-fn route(proxy: &Proxy, method: &str, segs: &[&str], body: &str) -> Response {
+fn route(registry: &Registry, method: &str, segs: &[&str], body: &str) -> Response {
     match (method, segs) {
         ("GET", []) => Response {
             status: 200,
@@ -119,26 +120,26 @@ fn route(proxy: &Proxy, method: &str, segs: &[&str], body: &str) -> Response {
                    POST /pools/POOL/servers/ID/eject|restore, POST /reload\n"
                 .into(),
         },
-        ("GET", ["stats"]) => json_response(200, stats_json(proxy, true)),
-        ("GET", ["pools"]) => json_response(200, stats_json(proxy, false)),
+        ("GET", ["stats"]) => json_response(200, stats_json(registry, true)),
+        ("GET", ["pools"]) => json_response(200, stats_json(registry, false)),
         ("GET", ["metrics"]) => {
-            Response { status: 200, content_type: "text/plain; version=0.0.4", body: metrics(proxy) }
+            Response { status: 200, content_type: "text/plain; version=0.0.4", body: metrics(registry) }
         }
-        ("POST", ["reload"]) => match proxy.reload() {
+        ("POST", ["reload"]) => match registry.reload() {
             Ok(results) => {
                 let list: Vec<Value> = results
                     .into_iter()
                     .map(|(pool, r)| match r {
                         Ok(c) => json!({ "pool": pool, "change": c.change, "moved_fraction": c.moved_fraction, "live_servers": c.live_servers }),
-                        Err(e) => json!({ "pool": pool, "error": e.0 }),
+                        Err(e) => json!({ "pool": pool, "error": e.to_string() }),
                     })
                     .collect();
                 json_response(200, json!({ "reloaded": list }))
             }
-            Err(e) => error(400, e.0),
+            Err(e) => error(400, e.to_string()),
         },
         (_, ["pools", pool, rest @ ..]) => {
-            let Some(pool) = proxy.pool(pool) else { return error(404, format!("no pool {pool:?}")) };
+            let Some(pool) = registry.pool(pool) else { return error(404, format!("no pool {pool:?}")) };
             let result = match (method, rest) {
                 ("POST", ["servers"]) => match body.parse::<chash::ServerLine>() {
                     Ok(line) => pool.add_server(line),
@@ -151,83 +152,68 @@ fn route(proxy: &Proxy, method: &str, segs: &[&str], body: &str) -> Response {
                 },
                 ("POST", ["servers", id, "eject"]) => pool.eject(id),
                 ("POST", ["servers", id, "restore"]) => pool.restore(id),
-                ("GET", []) => return json_response(200, pool_json(&pool, true)),
+                ("GET", []) => return json_response(200, pool_json(&pool.stats(), true)),
                 _ => return error(404, format!("no such endpoint: {method} /pools/{}/{}", pool.name, rest.join("/"))),
             };
             match result {
                 Ok(change) => json_response(200, json!(change)),
-                Err(e) => error(400, e.0),
+                Err(e) => error(400, e.to_string()),
             }
         }
         _ => error(404, format!("no such endpoint: {method} /{}", segs.join("/"))),
     }
 }
 
-fn state_of(m: &Member) -> &'static str {
-    match m.ejected {
-        Some(Ejection::Admin) => "ejected",
-        Some(Ejection::Auto(_)) => "auto-ejected",
-        None if m.server.is_down() => "down",
-        None => "up",
+fn counters_json(v: &mut Value, counters: &[(Desc, u64)]) {
+    for (d, value) in counters {
+        v[d.name] = json!(value);
     }
 }
 
-fn pool_json(pool: &Pool, counters: bool) -> Value {
-    let state = pool.state();
-    let servers: Vec<Value> = state
-        .members
+fn pool_json(p: &PoolSnapshot, counters: bool) -> Value {
+    let servers: Vec<Value> = p
+        .servers
         .iter()
-        .map(|m| {
-            let s = &m.server.stats;
+        .map(|s| {
             let mut v = json!({
-                "id": m.line.id,
-                "weight": m.line.weight,
-                "name": m.line.name,
-                "state": state_of(m),
+                "id": s.id,
+                "weight": s.weight,
+                "name": s.name,
+                "address": s.address,
+                "state": s.state,
             });
             if counters {
-                v["requests"] = json!(s.requests.load(Relaxed));
-                v["errors"] = json!(s.errors.load(Relaxed));
-                v["timeouts"] = json!(s.timeouts.load(Relaxed));
-                v["ejections"] = json!(s.ejections.load(Relaxed));
-                v["connections_made"] = json!(s.connections.load(Relaxed));
+                counters_json(&mut v, &s.counters);
                 v["latency_us"] = json!({
+                    "count": s.latency.count,
                     "mean": s.latency.mean_us(),
                     "p50": s.latency.quantile_us(0.5),
                     "p99": s.latency.quantile_us(0.99),
-                    "max": s.latency.max_us(),
+                    "max": s.latency.max_us,
                 });
             }
             v
         })
         .collect();
-    let st = &pool.stats;
     let mut v = json!({
-        "name": pool.name,
-        "listen": pool.settings.listen,
-        "distribution": pool.distribution().name(),
+        "name": p.name,
+        "listen": p.listen,
+        "distribution": p.distribution,
+        "protocol": if p.redis { "redis" } else { "memcached" },
         "servers": servers,
-        "live_servers": state.live().count(),
+        "live_servers": p.live_servers,
     });
     if counters {
-        v["client_connections"] = json!(st.curr_connections.load(Relaxed));
-        v["total_connections"] = json!(st.total_connections.load(Relaxed));
-        v["rejected_connections"] = json!(st.rejected_connections.load(Relaxed));
-        v["requests"] = json!(st.requests.load(Relaxed));
-        v["errors"] = json!(st.errors.load(Relaxed));
-        v["get_keys"] = json!(st.get_keys.load(Relaxed));
-        v["get_hits"] = json!(st.get_hits.load(Relaxed));
-        v["membership_changes"] = json!(st.membership_changes.load(Relaxed));
-        v["streamed_replies"] = json!(st.streamed_replies.load(Relaxed));
+        counters_json(&mut v, &p.counters);
     }
     v
 }
 
-fn stats_json(proxy: &Proxy, counters: bool) -> Value {
-    let pools: Vec<Value> = proxy.pools().iter().map(|p| pool_json(p, counters)).collect();
+fn stats_json(registry: &Registry, counters: bool) -> Value {
+    let pools: Vec<Value> = registry.stats().iter().map(|p| pool_json(p, counters)).collect();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
-        "uptime_s": proxy.shared.started.elapsed().as_secs(),
+        "uptime_s": registry.shared.started.elapsed().as_secs(),
         "pools": pools,
     })
 }
@@ -236,73 +222,57 @@ fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// A metric: name, Prometheus type, help text, and how to read it.
-type Metric<T> = (&'static str, &'static str, &'static str, fn(&T) -> u64);
+/// A metric's name in Prometheus: prefixed, and `_total` for counters.
+fn metric_name(prefix: &str, d: &Desc) -> String {
+    match d.kind {
+        Kind::Counter => format!("{prefix}_{}_total", d.name),
+        Kind::Gauge => format!("{prefix}_{}", d.name),
+    }
+}
 
-fn metrics(proxy: &Proxy) -> String {
+fn metric_head(out: &mut String, name: &str, d: &Desc) {
+    let kind = match d.kind {
+        Kind::Counter => "counter",
+        Kind::Gauge => "gauge",
+    };
+    let _ = writeln!(out, "# HELP {name} {}", d.help.trim());
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn metrics(registry: &Registry) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# HELP chash_uptime_seconds Seconds since the proxy started.");
     let _ = writeln!(out, "# TYPE chash_uptime_seconds gauge");
-    let _ = writeln!(out, "chash_uptime_seconds {}", proxy.shared.started.elapsed().as_secs());
-    let pools = proxy.pools();
-    let pool_counters: [Metric<Pool>; 7] = [
-        ("chash_pool_client_connections", "gauge", "Client connections open.", |p| {
-            p.stats.curr_connections.load(Relaxed)
-        }),
-        ("chash_pool_requests_total", "counter", "Client requests.", |p| p.stats.requests.load(Relaxed)),
-        ("chash_pool_errors_total", "counter", "Client requests answered with an error.", |p| {
-            p.stats.errors.load(Relaxed)
-        }),
-        ("chash_pool_get_keys_total", "counter", "Keys asked for by retrieval commands.", |p| {
-            p.stats.get_keys.load(Relaxed)
-        }),
-        ("chash_pool_get_hits_total", "counter", "Keys found.", |p| p.stats.get_hits.load(Relaxed)),
-        ("chash_pool_membership_changes_total", "counter", "Membership changes applied.", |p| {
-            p.stats.membership_changes.load(Relaxed)
-        }),
-        ("chash_pool_streamed_replies_total", "counter", "Large Redis replies passed on as they arrived.", |p| {
-            p.stats.streamed_replies.load(Relaxed)
-        }),
-    ];
-    for (name, kind, help, get) in pool_counters {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
+    let _ = writeln!(out, "chash_uptime_seconds {}", registry.shared.started.elapsed().as_secs());
+    let pools = registry.stats();
+    let Some(first) = pools.first() else { return out };
+    for (at, (d, _)) in first.counters.iter().enumerate() {
+        let name = metric_name("chash_pool", d);
+        metric_head(&mut out, &name, d);
         for p in &pools {
-            let _ = writeln!(out, "{name}{{pool=\"{}\"}} {}", label(&p.name), get(p));
+            let _ = writeln!(out, "{name}{{pool=\"{}\"}} {}", label(&p.name), p.counters[at].1);
         }
     }
-    let server_counters: [Metric<Member>; 5] = [
-        ("chash_server_requests_total", "counter", "Requests sent to the server.", |m| {
-            m.server.stats.requests.load(Relaxed)
-        }),
-        ("chash_server_errors_total", "counter", "Requests that failed at the server.", |m| {
-            m.server.stats.errors.load(Relaxed)
-        }),
-        ("chash_server_timeouts_total", "counter", "Requests that timed out.", |m| {
-            m.server.stats.timeouts.load(Relaxed)
-        }),
-        ("chash_server_ejections_total", "counter", "Times the server was ejected.", |m| {
-            m.server.stats.ejections.load(Relaxed)
-        }),
-        ("chash_server_up", "gauge", "1 when the server takes keys.", |m| u64::from(state_of(m) == "up")),
-    ];
-    for (name, kind, help, get) in server_counters {
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} {kind}");
-        for p in &pools {
-            for m in &p.state().members {
-                let _ =
-                    writeln!(out, "{name}{{pool=\"{}\",server=\"{}\"}} {}", label(&p.name), label(&m.line.id), get(m));
-            }
+    let servers = || pools.iter().flat_map(|p| p.servers.iter().map(move |s| (p, s)));
+    let Some((_, any)) = servers().next() else { return out };
+    let labels =
+        |p: &PoolSnapshot, s: &ServerSnapshot| format!("pool=\"{}\",server=\"{}\"", label(&p.name), label(&s.id));
+    for (at, (d, _)) in any.counters.iter().enumerate() {
+        let name = metric_name("chash_server", d);
+        metric_head(&mut out, &name, d);
+        for (p, s) in servers() {
+            let _ = writeln!(out, "{name}{{{}}} {}", labels(p, s), s.counters[at].1);
         }
     }
-    let _ = writeln!(out, "# HELP chash_server_latency_seconds Time from request to reply.");
+    let up = Desc { name: "up", kind: Kind::Gauge, help: "1 when the server takes keys and is reachable." };
+    metric_head(&mut out, "chash_server_up", &up);
+    for (p, s) in servers() {
+        let _ = writeln!(out, "chash_server_up{{{}}} {}", labels(p, s), u64::from(s.state == "up"));
+    }
+    let _ = writeln!(out, "# HELP chash_server_latency_seconds Time from writing a request to reading its reply.");
     let _ = writeln!(out, "# TYPE chash_server_latency_seconds histogram");
-    for p in &pools {
-        for m in &p.state().members {
-            let labels = format!("pool=\"{}\",server=\"{}\"", label(&p.name), label(&m.line.id));
-            m.server.stats.latency.prometheus(&mut out, "chash_server_latency_seconds", &labels);
-        }
+    for (p, s) in servers() {
+        s.latency.prometheus(&mut out, "chash_server_latency_seconds", &labels(p, s));
     }
     out
 }

@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::memcache::request::skip_discarded;
-use crate::memcache::{parse_request, ArithOp, Limits, Parsed, Request, RetrievalCmd, StorageCmd};
+use crate::memcache::{parse_more_keys, parse_request, ArithOp, Limits, Parsed, Request, RetrievalCmd, StorageCmd};
 
 /// Largest value a shard stores (memcached's default item size limit).
 pub const MAX_VALUE: usize = 1024 * 1024;
@@ -335,6 +335,8 @@ async fn serve_shard_client(mut stream: tokio::net::TcpStream, store: Arc<Store>
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut out = BytesMut::with_capacity(16 * 1024);
     let mut discard = 0usize;
+    let mut skip_line = false;
+    let mut continuing: Option<(RetrievalCmd, i64)> = None;
     loop {
         let n = tokio::select! {
             n = stream.read_buf(&mut buf) => n,
@@ -345,11 +347,31 @@ async fn serve_shard_client(mut stream: tokio::net::TcpStream, store: Arc<Store>
         }
         let mut quit = false;
         loop {
+            if skip_line {
+                match memchr::memchr(b'\n', &buf) {
+                    Some(nl) => {
+                        let _ = buf.split_to(nl + 1);
+                        skip_line = false;
+                    }
+                    None => {
+                        buf.clear();
+                        break;
+                    }
+                }
+            }
             if !skip_discarded(&mut buf, &mut discard) {
                 break;
             }
-            match parse_request(&mut buf, SHARD_LIMITS) {
-                Parsed::Incomplete => break,
+            let cont = continuing.take();
+            let parsed = match cont {
+                Some((cmd, exptime)) => parse_more_keys(&mut buf, cmd, exptime, SHARD_LIMITS),
+                None => parse_request(&mut buf, SHARD_LIMITS),
+            };
+            match parsed {
+                Parsed::Incomplete => {
+                    continuing = cont;
+                    break;
+                }
                 Parsed::Refused { reply, skip, close } => {
                     out.extend_from_slice(reply);
                     discard = skip;
@@ -357,6 +379,18 @@ async fn serve_shard_client(mut stream: tokio::net::TcpStream, store: Arc<Store>
                         quit = true;
                         break;
                     }
+                }
+                Parsed::RefusedLine { reply } => {
+                    out.extend_from_slice(reply);
+                    skip_line = true;
+                }
+                Parsed::Partial(req) => {
+                    // A segment of a long get line: its values, no END yet.
+                    if let Request::Retrieval { cmd, exptime, .. } = &req {
+                        continuing = Some((*cmd, *exptime));
+                    }
+                    store.execute(&req, &mut out);
+                    out.truncate(out.len() - b"END\r\n".len());
                 }
                 Parsed::Request(Request::Quit) => {
                     quit = true;

@@ -1,50 +1,51 @@
-//! chash-proxy: a sharding proxy for memcached clusters, configured like
-//! twemproxy (the same YAML, the same placements), with membership changes
-//! while traffic flows.
+//! chash-proxy: a sharding proxy for memcached and Redis clusters,
+//! configured like twemproxy (the same YAML, the same placements), with
+//! membership changes while traffic flows.
 //!
 //! # Layout
-//! - [`memcache`]: the ASCII protocol, bytes to requests and replies.
-//! - [`redis`]: RESP2 framing, the command table, Redis client connections.
-//! - [`backend`]: servers and their pipelined connections, replies matched
-//!   to requests in order, fail-fast while a server is unreachable.
-//! - [`pool`]: a pool's members, health (ejection and retry) and the
-//!   lock-free routing snapshot; membership changes swap in a new one.
-//! - [`client`]: client connections, pipelining with replies in order,
-//!   multi-key gets split by server and reassembled.
-//! - [`admin`]: the HTTP admin/stats endpoint (JSON, Prometheus text).
+//! Arrows point down: a file uses only what is below it.
+//! - `proxy`: [`start`] and [`Running`]: a listener per pool, each accepted
+//!   connection handed to a worker and to its protocol's session; the
+//!   admin endpoint and the stats port; graceful shutdown.
+//! - `admin` (the HTTP admin endpoint) and `twemproxy_stats` (twemproxy's
+//!   stats document): renderings of the registry's counters.
+//! - `registry`: the running pools by name, and reloading them.
+//! - [`memcache`] and [`redis`]: one folder per protocol, each owning its
+//!   bytes (requests, replies, the backend framings) and its client
+//!   session. They never import each other.
+//! - `pool`: a pool's servers, health (ejection, retry) and the lock-free
+//!   routing snapshot; membership changes swap in a new one.
+//! - `conn`: client connections whatever the protocol: the read loop,
+//!   replies written in request order, idle timeout, shutdown, back-pressure,
+//!   the open-connection count.
+//! - `backend`: server connections whatever the protocol: pipelined
+//!   requests, replies matched in order, timeouts, reconnects, streaming;
+//!   the `Framing` seam the protocols implement.
+//! - `stats` (one list of counters, per worker thread), `workers` (one
+//!   single-threaded runtime per thread), `options`.
 //! - [`embedded`]: in-process cache shards for the no-config default.
-//! - [`workers`]: one single-threaded runtime per worker thread, each with
-//!   its own client and backend connections.
-//! - [`proxy`]: listeners, signals (SIGHUP reload, SIGINT/SIGTERM graceful
-//!   shutdown) and the whole running proxy.
 
-use std::time::{Duration, Instant};
-
-pub mod admin;
-pub mod backend;
-pub mod client;
+mod admin;
+mod backend;
+mod conn;
 pub mod embedded;
 pub mod memcache;
-pub mod pool;
-pub mod proxy;
+mod options;
+mod pool;
+mod proxy;
 pub mod redis;
-pub mod stats;
-pub mod workers;
+mod registry;
+mod stats;
+mod twemproxy_stats;
+mod workers;
 
-pub use pool::{Change, Pool, PoolError};
-pub use proxy::{start, Proxy, ProxyOptions, Running};
-
-/// Process-wide settings and state shared by every connection.
-#[derive(Debug)]
-pub struct Shared {
-    /// The options the proxy was started with.
-    pub options: ProxyOptions,
-    /// When it started.
-    pub started: Instant,
-}
-
-/// Default largest value accepted from clients (memcached's default item size).
-pub const DEFAULT_MAX_VALUE: usize = 1024 * 1024;
-
-/// Default time a graceful shutdown waits for in-flight requests.
-pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
+pub use backend::{Address, Frame, Framing};
+pub use options::{
+    ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER, DEFAULT_DRAIN, DEFAULT_MAX_REDIS_VALUE, DEFAULT_MAX_VALUE,
+    DEFAULT_STATS_INTERVAL,
+};
+pub use pool::{Change, Pool, PoolError, PoolState};
+pub use proxy::{start, PoolSpec, Running, StartError};
+pub use registry::{PoolReload, Registry, ReloadError};
+pub use stats::{PoolSnapshot, ServerSnapshot};
+pub use twemproxy_stats::describe as describe_stats;

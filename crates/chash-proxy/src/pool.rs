@@ -5,9 +5,13 @@
 //! lock. Every change (a server added, removed, re-weighted, ejected or
 //! restored, or a config reload) builds a new state under the pool's change
 //! lock and swaps it in: requests already sent keep their server (they hold
-//! it), new requests see the new placement, and nothing in flight is dropped.
+//! it), new requests see the new placement, and nothing in flight is
+//! dropped. State that changes per request lives beside the placement, in
+//! the [`Server`]s, which every state shares: health, counters, and the
+//! load a `bounded` pool places by.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -17,8 +21,8 @@ use chash::config::{AnyPlacement, Distribution, Pool as PoolConfig, Snapshot};
 use chash::ServerLine;
 use tokio::sync::mpsc;
 
-use crate::backend::{Address, BackendSettings, Server};
-use crate::stats::PoolStats;
+use crate::backend::{Address, BackendSettings, Server, Setup};
+use crate::stats::{described, PerWorker, PoolCounters, PoolEvents, PoolSnapshot, ServerSnapshot};
 use crate::workers::Workers;
 
 /// A pool's settings beyond placement, with twemproxy's defaults.
@@ -26,7 +30,7 @@ use crate::workers::Workers;
 pub struct PoolSettings {
     /// Address to listen on (`listen`).
     pub listen: String,
-    /// Backend connection settings.
+    /// Server connection settings.
     pub backend: BackendSettings,
     /// Eject failing servers (`auto_eject_hosts`, default false).
     pub auto_eject: bool,
@@ -45,8 +49,9 @@ pub struct PoolSettings {
 }
 
 impl PoolSettings {
-    /// The settings a pool's config asks for.
-    pub fn of(pool: &PoolConfig) -> PoolSettings {
+    /// The settings a pool's config asks for; `setup` is what its server
+    /// connections run first.
+    pub fn of(pool: &PoolConfig, setup: Option<Setup>) -> PoolSettings {
         let f = &pool.file;
         PoolSettings {
             listen: f.listen.clone().unwrap_or_else(|| "127.0.0.1:22121".into()),
@@ -55,7 +60,7 @@ impl PoolSettings {
                 timeout: f.timeout.filter(|&t| t > 0).map(Duration::from_millis),
                 preconnect: f.preconnect.unwrap_or(false),
                 failure_limit: f.server_failure_limit.unwrap_or(2).max(1),
-                init: redis_init(f),
+                setup,
             },
             auto_eject: f.auto_eject_hosts.unwrap_or(false),
             retry_timeout: Duration::from_millis(f.server_retry_timeout.unwrap_or(30_000)),
@@ -66,26 +71,6 @@ impl PoolSettings {
             redis_db: f.redis_db.unwrap_or(0),
         }
     }
-}
-
-/// `AUTH` and `SELECT` for every connection to a Redis pool's servers.
-fn redis_init(f: &chash::config::PoolFile) -> Vec<bytes::Bytes> {
-    if f.redis != Some(true) {
-        return Vec::new();
-    }
-    let mut init = Vec::new();
-    let mut frame = |args: &[&[u8]]| {
-        let mut out = bytes::BytesMut::new();
-        crate::redis::resp::encode_array(&mut out, args.iter().copied());
-        init.push(out.freeze());
-    };
-    if let Some(pw) = &f.redis_auth {
-        frame(&[b"AUTH", pw.as_bytes()]);
-    }
-    if let Some(db) = f.redis_db.filter(|&d| d > 0) {
-        frame(&[b"SELECT", db.to_string().as_bytes()]);
-    }
-    init
 }
 
 /// Why a server is not taking keys.
@@ -106,6 +91,18 @@ pub struct Member {
     pub server: Arc<Server>,
     /// Set while the server is ejected.
     pub ejected: Option<Ejection>,
+}
+
+impl Member {
+    /// `up`, `down`, `ejected` or `auto-ejected`.
+    pub fn state(&self) -> &'static str {
+        match self.ejected {
+            Some(Ejection::Admin) => "ejected",
+            Some(Ejection::Auto(_)) => "auto-ejected",
+            None if self.server.is_down() => "down",
+            None => "up",
+        }
+    }
 }
 
 /// Where keys go: the placement over the live servers.
@@ -155,6 +152,17 @@ impl PoolState {
     pub fn live(&self) -> impl Iterator<Item = &Member> {
         self.members.iter().filter(|m| m.ejected.is_none())
     }
+
+    /// The placement when it bounds loads (`distribution: bounded`).
+    fn bounded(&self) -> Option<(&chash::algo::Bounded, &Snapshot, &[usize])> {
+        match &self.routing {
+            Some(Routing::Placed { snapshot, to_member }) => match snapshot.placement() {
+                AnyPlacement::Bounded(b) => Some((b, snapshot, to_member)),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
 }
 
 /// What a membership change did.
@@ -168,6 +176,71 @@ pub struct Change {
     pub live_servers: usize,
 }
 
+/// Why a change to a pool was refused.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PoolError {
+    /// The servers cannot be placed (duplicate ids, weights the
+    /// distribution refuses, ...).
+    Placement {
+        /// The pool.
+        pool: String,
+        /// Why.
+        source: chash::Error,
+    },
+    /// A server line that does not parse.
+    ServerLine(chash::Error),
+    /// The server is already in the pool.
+    DuplicateServer {
+        /// The pool.
+        pool: String,
+        /// The server id.
+        id: String,
+    },
+    /// No server with that id.
+    UnknownServer {
+        /// The pool.
+        pool: String,
+        /// The server id.
+        id: String,
+    },
+    /// Weight 0.
+    ZeroWeight,
+    /// Nothing to do (the server is already ejected).
+    AlreadyEjected(String),
+    /// A change that takes effect only after a restart (a new pool, a
+    /// pool gone from the config).
+    NeedsRestart {
+        /// The pool.
+        pool: String,
+        /// What changed.
+        what: &'static str,
+    },
+}
+
+impl fmt::Display for PoolError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PoolError::Placement { pool, source } => write!(f, "pool {pool:?}: {source}"),
+            PoolError::ServerLine(e) => write!(f, "{e}"),
+            PoolError::DuplicateServer { pool, id } => write!(f, "server {id:?} is already in pool {pool:?}"),
+            PoolError::UnknownServer { pool, id } => write!(f, "no server {id:?} in pool {pool:?}"),
+            PoolError::ZeroWeight => f.write_str("weight 0: weights start at 1"),
+            PoolError::AlreadyEjected(id) => write!(f, "server {id:?} is already ejected"),
+            PoolError::NeedsRestart { pool, what } => write!(f, "pool {pool:?}: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for PoolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PoolError::Placement { source, .. } | PoolError::ServerLine(source) => Some(source),
+            _ => None,
+        }
+    }
+}
+
 /// A pool of servers.
 pub struct Pool {
     /// The pool name.
@@ -179,55 +252,37 @@ pub struct Pool {
     state: ArcSwap<PoolState>,
     failures: mpsc::UnboundedSender<String>,
     workers: Arc<Workers>,
-    /// Counters.
-    pub stats: PoolStats,
+    counters: Arc<PerWorker<PoolCounters>>,
+    /// Counters of events that are not per request.
+    pub events: PoolEvents,
 }
 
-impl std::fmt::Debug for Pool {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Pool").field("name", &self.name).finish()
     }
 }
 
-/// A pool error (bad change requests).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PoolError(pub String);
-
-impl std::fmt::Display for PoolError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for PoolError {}
-
 impl Pool {
-    /// Starts a pool's servers and its health task. `addresses` maps server
-    /// ids to where they are reached when that is not the id itself (the
-    /// embedded shards). Must be called inside a tokio runtime.
+    /// Starts a pool's servers (their connections on `workers`) and its
+    /// health task. `addresses` maps server ids to where they are reached
+    /// when that is not the id itself; `setup` is what every server
+    /// connection runs first. Must be called inside a tokio runtime.
     ///
     /// # Errors
     /// When the config cannot place keys (for example duplicate server ids).
-    pub fn start(config: PoolConfig, addresses: HashMap<String, Address>) -> Result<Arc<Pool>, PoolError> {
-        Pool::start_on(config, addresses, Workers::current())
-    }
-
-    /// As [`Pool::start`], with the servers' connections on `workers` (each
-    /// worker gets its own).
-    ///
-    /// # Errors
-    /// As [`Pool::start`].
-    pub fn start_on(
+    pub fn start(
         config: PoolConfig,
         addresses: HashMap<String, Address>,
         workers: Arc<Workers>,
+        setup: Option<Setup>,
     ) -> Result<Arc<Pool>, PoolError> {
-        let settings = PoolSettings::of(&config);
+        let settings = PoolSettings::of(&config, setup);
         let (failures, failure_rx) = mpsc::unbounded_channel();
         let mut members = Vec::new();
         for line in &config.servers {
             let address = addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-            let server = Server::start_on(&workers, line.clone(), address, &settings.backend, Some(failures.clone()));
+            let server = Server::start(&workers, line.clone(), address, &settings.backend, Some(failures.clone()));
             members.push(Member { line: line.clone(), server, ejected: None });
         }
         let routing = build_routing(&config, &members)?;
@@ -238,20 +293,37 @@ impl Pool {
             addresses,
             state: ArcSwap::from_pointee(PoolState { members, routing }),
             failures,
+            counters: Arc::new(PerWorker::new(workers.count())),
             workers,
-            stats: PoolStats::default(),
+            events: PoolEvents::default(),
         });
         tokio::spawn(health_task(Arc::downgrade(&pool), failure_rx));
         Ok(pool)
     }
 
-    fn start_server(&self, line: ServerLine, address: Address) -> Arc<Server> {
-        Server::start_on(&self.workers, line, address, &self.settings.backend, Some(self.failures.clone()))
+    fn start_server(&self, line: ServerLine) -> Arc<Server> {
+        let address = self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
+        Server::start(&self.workers, line, address, &self.settings.backend, Some(self.failures.clone()))
     }
 
     /// The workers the pool's connections run on.
     pub fn workers(&self) -> &Arc<Workers> {
         &self.workers
+    }
+
+    /// The calling worker's counters.
+    pub fn counters(&self) -> &PoolCounters {
+        self.counters.local()
+    }
+
+    /// Client connections open now.
+    pub fn open_connections(&self) -> u64 {
+        self.counters.all().fold(0u64, |n, c| n.wrapping_add(c.curr_connections.load(Relaxed)))
+    }
+
+    /// Every worker's counters (for a connection's drop guard).
+    pub(crate) fn all_counters(&self) -> &Arc<PerWorker<PoolCounters>> {
+        &self.counters
     }
 
     /// The current state (lock-free).
@@ -262,6 +334,35 @@ impl Pool {
     /// The placement settings (distribution, hash, ...).
     pub fn distribution(&self) -> Distribution {
         self.lock().distribution
+    }
+
+    /// Every counter of the pool and its servers, now.
+    pub fn stats(&self) -> PoolSnapshot {
+        let state = self.state();
+        let per_worker = crate::stats::sum(self.counters.all().map(PoolCounters::values));
+        let counters =
+            described(PoolCounters::DESCS, per_worker).chain(described(PoolEvents::DESCS, self.events.values()));
+        PoolSnapshot {
+            name: self.name.clone(),
+            listen: self.settings.listen.clone(),
+            distribution: self.distribution().name(),
+            redis: self.settings.redis,
+            live_servers: state.live().count(),
+            counters: counters.collect(),
+            servers: state
+                .members
+                .iter()
+                .map(|m| ServerSnapshot {
+                    id: m.line.id.clone(),
+                    weight: m.line.weight,
+                    name: m.line.name.clone(),
+                    address: m.server.address().to_string(),
+                    state: m.state(),
+                    counters: m.server.counter_values(),
+                    latency: m.server.latency(),
+                })
+                .collect(),
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, PoolConfig> {
@@ -287,7 +388,7 @@ impl Pool {
         let live_servers = members.iter().filter(|m| m.ejected.is_none()).count();
         *config = next_config;
         self.state.store(Arc::new(PoolState { members, routing }));
-        self.stats.membership_changes.fetch_add(1, Relaxed);
+        self.events.membership_changes.fetch_add(1, Relaxed);
         tracing::info!(pool = %self.name, moved = format!("{:.4}", moved_fraction), live_servers, "{what}");
         Ok(Change { change: what, moved_fraction, live_servers })
     }
@@ -298,16 +399,15 @@ impl Pool {
     /// A duplicate id, or a placement that cannot be built.
     pub fn add_server(&self, line: ServerLine) -> Result<Change, PoolError> {
         let what = format!("added server {line}");
-        let node = line.to_node().map_err(|e| PoolError(e.to_string()))?;
+        let node = line.to_node().map_err(PoolError::ServerLine)?;
         self.change(
             what,
             |_| Ok(Step::Add(node)),
             |config, members| {
                 if members.iter().any(|m| m.line.id == line.id) {
-                    return Err(PoolError(format!("server {:?} is already in pool {:?}", line.id, config.name)));
+                    return Err(PoolError::DuplicateServer { pool: config.name.clone(), id: line.id.clone() });
                 }
-                let address = self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-                let server = self.start_server(line.clone(), address);
+                let server = self.start_server(line.clone());
                 config.servers.push(line.clone());
                 members.push(Member { line, server, ejected: None });
                 Ok(())
@@ -338,7 +438,7 @@ impl Pool {
     /// An unknown id or weight 0.
     pub fn set_weight(&self, id: &str, weight: u32) -> Result<Change, PoolError> {
         if weight == 0 {
-            return Err(PoolError("weight 0: weights start at 1".into()));
+            return Err(PoolError::ZeroWeight);
         }
         let step =
             |st: &PoolState| -> Result<Step, PoolError> { Ok(live_step(st, id, Step::Weight(id.to_owned(), weight))) };
@@ -365,7 +465,7 @@ impl Pool {
             |config, members| {
                 let at = find(members, id, &config.name)?;
                 members[at].ejected = Some(Ejection::Admin);
-                members[at].server.stats.ejections.fetch_add(1, Relaxed);
+                members[at].server.events.ejections.fetch_add(1, Relaxed);
                 Ok(())
             },
         )
@@ -380,6 +480,7 @@ impl Pool {
         self.change(format!("restored server {id}"), step, |config, members| {
             let at = find(members, id, &config.name)?;
             members[at].ejected = None;
+            members[at].server.reset_failures();
             Ok(())
         })
     }
@@ -399,12 +500,7 @@ impl Pool {
                 for line in &new.servers {
                     let member = match members.iter().find(|m| m.line.id == line.id) {
                         Some(m) => Member { line: line.clone(), server: m.server.clone(), ejected: m.ejected },
-                        None => {
-                            let address =
-                                self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-                            let server = self.start_server(line.clone(), address);
-                            Member { line: line.clone(), server, ejected: None }
-                        }
+                        None => Member { line: line.clone(), server: self.start_server(line.clone()), ejected: None },
                     };
                     next.push(member);
                 }
@@ -418,16 +514,18 @@ impl Pool {
     /// The server for `key`, holding one unit of load on it until the
     /// returned guard drops when the pool bounds loads (`distribution:
     /// bounded`); other placements take no load.
-    pub fn acquire(&self, key: &[u8]) -> Option<(Arc<Server>, Option<LoadRelease>)> {
+    pub fn acquire(self: &Arc<Self>, key: &[u8]) -> Option<(Arc<Server>, Option<LoadRelease>)> {
         let state = self.state.load();
-        if !state.bounds_load() {
+        let Some((bounded, snapshot, to_member)) = state.bounded() else {
             return state.server_for(key).map(|s| (s.clone(), None));
-        }
-        let state = self.state.load_full();
-        let Some(Routing::Placed { snapshot, to_member }) = state.routing.as_ref() else { return None };
-        let node = snapshot.placement().acquire_hash(snapshot.key_hash(key))?;
+        };
+        // Each server's load lives in its Server, which every placement of
+        // the pool shares: a change made while requests hold load leaves
+        // nothing behind.
+        let load_of = |node: usize| &state.members[to_member[node]].server.events.load;
+        let node = bounded.acquire_hash_in(snapshot.key_hash(key), load_of, &self.events.load)?;
         let server = state.members[to_member[node]].server.clone();
-        Some((server, Some(LoadRelease { state, node })))
+        Some((server.clone(), Some(LoadRelease { pool: self.clone(), server })))
     }
 
     fn auto_eject(&self, id: &str) {
@@ -439,14 +537,20 @@ impl Pool {
         let result = self.change(format!("auto-ejected failing server {id}"), step, |config, members| {
             let at = find(members, id, &config.name)?;
             if members[at].ejected.is_some() {
-                return Err(PoolError("already ejected".into()));
+                return Err(PoolError::AlreadyEjected(id.to_owned()));
             }
             members[at].ejected = Some(Ejection::Auto(until));
-            members[at].server.stats.ejections.fetch_add(1, Relaxed);
+            let events = &members[at].server.events;
+            events.ejections.fetch_add(1, Relaxed);
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            events.ejected_at_us.store(now.as_micros() as u64, Relaxed);
             Ok(())
         });
-        if let Err(e) = result {
-            tracing::debug!(pool = %self.name, server = id, "no ejection: {e}");
+        match result {
+            Ok(_) => {
+                self.events.server_ejects.fetch_add(1, Relaxed);
+            }
+            Err(e) => tracing::debug!(pool = %self.name, server = id, "no ejection: {e}"),
         }
     }
 
@@ -473,7 +577,10 @@ impl Pool {
 }
 
 fn find(members: &[Member], id: &str, pool: &str) -> Result<usize, PoolError> {
-    members.iter().position(|m| m.line.id == id).ok_or_else(|| PoolError(format!("no server {id:?} in pool {pool:?}")))
+    members
+        .iter()
+        .position(|m| m.line.id == id)
+        .ok_or_else(|| PoolError::UnknownServer { pool: pool.to_owned(), id: id.to_owned() })
 }
 
 async fn health_task(pool: std::sync::Weak<Pool>, mut failures: mpsc::UnboundedReceiver<String>) {
@@ -508,11 +615,11 @@ fn restore_step(state: &PoolState, id: &str, pool: &str) -> Result<Step, PoolErr
         .members
         .iter()
         .find(|m| m.line.id == id)
-        .ok_or_else(|| PoolError(format!("no server {id:?} in pool {pool:?}")))?;
+        .ok_or_else(|| PoolError::UnknownServer { pool: pool.to_owned(), id: id.to_owned() })?;
     if member.ejected.is_none() {
         return Ok(Step::Same);
     }
-    Ok(Step::Add(member.line.to_node().map_err(|e| PoolError(e.to_string()))?))
+    Ok(Step::Add(member.line.to_node().map_err(PoolError::ServerLine)?))
 }
 
 /// How a change moves the routing.
@@ -531,22 +638,17 @@ enum Step {
 
 /// Load held on a server of a `bounded` pool; given back on drop.
 pub struct LoadRelease {
-    state: Arc<PoolState>,
-    node: usize,
+    pool: Arc<Pool>,
+    server: Arc<Server>,
 }
 
 impl Drop for LoadRelease {
     fn drop(&mut self) {
-        if let Some(Routing::Placed { snapshot, .. }) = &self.state.routing {
-            snapshot.placement().release(self.node);
-        }
-    }
-}
-
-impl PoolState {
-    /// Whether requests hold load (`distribution: bounded`).
-    pub fn bounds_load(&self) -> bool {
-        matches!(&self.routing, Some(Routing::Placed { snapshot, .. }) if matches!(snapshot.placement(), AnyPlacement::Bounded(_)))
+        let give_back = |c: &AtomicU64| {
+            let _ = c.fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1));
+        };
+        give_back(&self.server.events.load);
+        give_back(&self.pool.events.load);
     }
 }
 
@@ -565,7 +667,7 @@ fn next_routing(
     if matches!(config.distribution, Distribution::Ketama | Distribution::Modula) {
         return build_routing(config, members);
     }
-    let err = |e: chash::Error| PoolError(format!("pool {:?}: {e}", config.name));
+    let err = |source: chash::Error| PoolError::Placement { pool: config.name.clone(), source };
     let snapshot = match step {
         Step::Rebuild => return build_routing(config, members),
         Step::Same => snapshot.clone(),
@@ -592,7 +694,8 @@ fn build_routing(config: &PoolConfig, members: &[Member]) -> Result<Option<Routi
     }
     let mut live_config = config.clone();
     live_config.servers = live.iter().map(|&i| members[i].line.clone()).collect();
-    let snapshot = live_config.snapshot().map_err(|e| PoolError(format!("pool {:?}: {e}", config.name)))?;
+    let snapshot =
+        live_config.snapshot().map_err(|source| PoolError::Placement { pool: config.name.clone(), source })?;
     placed(snapshot, config, members).map(Some)
 }
 
@@ -604,7 +707,10 @@ fn placed(snapshot: Snapshot, config: &PoolConfig, members: &[Member]) -> Result
         .iter()
         .map(|n| members.iter().position(|m| m.line.id == n.id() && m.ejected.is_none()))
         .collect::<Option<Vec<usize>>>()
-        .ok_or_else(|| PoolError(format!("pool {:?}: placement and servers disagree", config.name)))?;
+        .ok_or_else(|| PoolError::Placement {
+            pool: config.name.clone(),
+            source: chash::Error::Config("placement and servers disagree".into()),
+        })?;
     Ok(Routing::Placed { snapshot, to_member })
 }
 

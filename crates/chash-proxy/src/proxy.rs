@@ -1,57 +1,25 @@
-//! The running proxy: a listener per pool, the admin endpoint, signals.
+//! Starting and stopping the proxy: a listener per pool (each accepted
+//! connection handed to a worker and to its protocol's session), the admin
+//! endpoint, twemproxy's stats port, and a graceful shutdown.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chash::config::{Config, Pool as PoolConfig};
+use chash::config::Pool as PoolConfig;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
 use crate::backend::Address;
-use crate::pool::{Change, Pool, PoolError};
+use crate::conn::{ConnGuard, ConnSettings};
+use crate::memcache::session::MemcacheSession;
+use crate::options::{ProxyOptions, Shared};
+use crate::pool::{Pool, PoolError};
+use crate::redis::session::RedisSession;
+use crate::registry::Registry;
 use crate::workers::Workers;
-use crate::{client, Shared};
-
-/// Process-level options (command-line flags rather than pool settings).
-#[derive(Clone, Debug)]
-pub struct ProxyOptions {
-    /// Admin/stats HTTP address (`None`: no admin endpoint).
-    pub admin_addr: Option<SocketAddr>,
-    /// Largest value accepted from clients; larger ones are refused without
-    /// being buffered. Defaults to 1 MiB.
-    pub max_value_size: usize,
-    /// Close client connections idle this long (`None`: never).
-    pub client_idle_timeout: Option<Duration>,
-    /// The config file, for reloads (SIGHUP, `POST /reload`).
-    pub config_path: Option<PathBuf>,
-    /// How long a graceful shutdown waits for in-flight requests.
-    pub drain: Duration,
-    /// Accept keys with control bytes, as memcached and twemproxy do
-    /// (protocol.txt forbids them; refused by default).
-    pub lenient_keys: bool,
-    /// Worker threads, each a single-threaded runtime with its own client
-    /// and backend connections (see [`crate::workers`]). `None`: no worker
-    /// threads; connections run on the runtime that calls [`start`].
-    pub threads: Option<usize>,
-}
-
-impl Default for ProxyOptions {
-    fn default() -> Self {
-        ProxyOptions {
-            admin_addr: None,
-            max_value_size: crate::DEFAULT_MAX_VALUE,
-            client_idle_timeout: None,
-            config_path: None,
-            drain: crate::DEFAULT_DRAIN,
-            lenient_keys: false,
-            threads: None,
-        }
-    }
-}
 
 /// A pool to serve, with where its servers are reached when that is not
 /// their id.
@@ -63,75 +31,56 @@ pub struct PoolSpec {
     pub addresses: HashMap<String, Address>,
 }
 
-/// What a reload did to one pool: its name and the change (or why not).
-pub type PoolReload = (String, Result<Change, PoolError>);
-
-/// The running proxy's shared state (pools by name).
+/// Why the proxy did not start.
 #[derive(Debug)]
-pub struct Proxy {
-    /// Process-wide settings.
-    pub shared: Arc<Shared>,
-    pools: RwLock<Vec<Arc<Pool>>>,
+#[non_exhaustive]
+pub enum StartError {
+    /// The worker threads could not be started.
+    Workers(std::io::Error),
+    /// A pool cannot place its keys.
+    Pool(PoolError),
+    /// An address cannot be listened on.
+    Listen {
+        /// What it is for (`pool "alpha"`, `admin`, `stats`).
+        what: String,
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
-impl Proxy {
-    /// The pools, in config order.
-    pub fn pools(&self) -> Vec<Arc<Pool>> {
-        self.pools.read().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    /// The pool named `name`.
-    pub fn pool(&self, name: &str) -> Option<Arc<Pool>> {
-        self.pools().into_iter().find(|p| p.name == name)
-    }
-
-    /// Re-reads the config file and applies each pool's servers and
-    /// placement; pools added or removed, or a changed listen address, need a
-    /// restart and are reported as such.
-    ///
-    /// # Errors
-    /// No config file, or one that does not parse; nothing is changed then.
-    pub fn reload(&self) -> Result<Vec<PoolReload>, PoolError> {
-        let path =
-            self.shared.options.config_path.as_ref().ok_or_else(|| PoolError("no config file to reload".into()))?;
-        let text =
-            std::fs::read_to_string(path).map_err(|e| PoolError(format!("cannot read {}: {e}", path.display())))?;
-        let config = Config::from_yaml(&text).map_err(|e| PoolError(format!("{}: {e}", path.display())))?;
-        let mut results = Vec::new();
-        for (name, _) in &config.pools {
-            let pool_config = config.pool(Some(name)).map_err(|e| PoolError(e.to_string()))?;
-            let result = match self.pool(name) {
-                Some(pool) => {
-                    if pool_config.file.listen.as_deref().unwrap_or("127.0.0.1:22121") != pool.settings.listen {
-                        tracing::warn!(pool = %name, "listen address changed: takes effect after a restart");
-                    }
-                    pool.reload(pool_config)
-                }
-                None => Err(PoolError(format!("pool {name:?} is new: it is served after a restart"))),
-            };
-            results.push((name.clone(), result));
+impl fmt::Display for StartError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StartError::Workers(e) => write!(f, "cannot start the worker threads: {e}"),
+            StartError::Pool(e) => write!(f, "{e}"),
+            StartError::Listen { what, addr, source } => write!(f, "{what}: cannot listen on {addr}: {source}"),
         }
-        for pool in self.pools() {
-            if !config.pools.iter().any(|(n, _)| *n == pool.name) {
-                results.push((
-                    pool.name.clone(),
-                    Err(PoolError("pool is gone from the config: still served until a restart".into())),
-                ));
-            }
+    }
+}
+
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartError::Workers(e) => Some(e),
+            StartError::Pool(e) => Some(e),
+            StartError::Listen { source, .. } => Some(source),
         }
-        Ok(results)
     }
 }
 
 /// A started proxy.
 #[derive(Debug)]
 pub struct Running {
-    /// The shared state.
-    pub proxy: Arc<Proxy>,
+    /// The pools.
+    pub registry: Arc<Registry>,
     /// Each pool's name and bound listen address.
     pub listeners: Vec<(String, SocketAddr)>,
     /// The admin endpoint's bound address.
     pub admin: Option<SocketAddr>,
+    /// The stats port's bound address.
+    pub stats: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     workers: Arc<Workers>,
@@ -142,7 +91,7 @@ impl Running {
     /// requests (up to the drain time), and returns.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
-        let drain = self.proxy.shared.options.drain;
+        let drain = self.registry.shared.options.drain;
         let deadline = Instant::now() + drain;
         for t in std::mem::take(&mut self.tasks) {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -150,18 +99,13 @@ impl Running {
         }
         // Wait for client connections to finish.
         while Instant::now() < deadline {
-            let open: u64 = self.proxy.pools().iter().map(|p| p.stats.curr_connections.load(Relaxed)).sum();
+            let open: u64 = self.registry.pools().iter().map(|p| p.open_connections()).sum();
             if open == 0 {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.workers.stop();
-    }
-
-    /// A receiver that turns true when shutdown begins.
-    pub fn shutdown_signal(&self) -> watch::Receiver<bool> {
-        self.shutdown.subscribe()
     }
 }
 
@@ -184,32 +128,55 @@ fn bind(listen: &str, backlog: u32) -> std::io::Result<TcpListener> {
     socket.listen(backlog.max(1))
 }
 
+async fn bind_tcp(what: &str, addr: SocketAddr) -> Result<TcpListener, StartError> {
+    TcpListener::bind(addr).await.map_err(|source| StartError::Listen {
+        what: what.to_owned(),
+        addr: addr.to_string(),
+        source,
+    })
+}
+
 /// Starts serving `pools` (each on its `listen` address) and, when asked,
-/// the admin endpoint. Must be called inside a tokio runtime.
+/// the admin endpoint and the stats port. Must be called inside a tokio
+/// runtime.
 ///
 /// # Errors
-/// A listen address that cannot be bound, or a pool that cannot place keys.
-pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Running, String> {
+/// An address that cannot be bound, or a pool that cannot place keys.
+pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Running, StartError> {
     let shared = Arc::new(Shared { options: options.clone(), started: Instant::now() });
     let (shutdown, _) = watch::channel(false);
     let mut started = Vec::new();
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
     let workers = match options.threads {
-        Some(n) => Workers::start(n).map_err(|e| format!("cannot start {n} worker threads: {e}"))?,
+        Some(n) => Workers::start(n).map_err(StartError::Workers)?,
         None => Workers::current(),
     };
     for spec in pools {
-        let pool = Pool::start_on(spec.config, spec.addresses, workers.clone()).map_err(|e| e.to_string())?;
-        let listener = bind(&pool.settings.listen, pool.settings.backlog)
-            .map_err(|e| format!("pool {:?}: cannot listen on {}: {e}", pool.name, pool.settings.listen))?;
-        let addr = listener.local_addr().map_err(|e| e.to_string())?;
+        let f = &spec.config.file;
+        let setup = if f.redis == Some(true) {
+            crate::redis::handshake::setup(f.redis_auth.as_deref(), f.redis_db.unwrap_or(0))
+        } else {
+            None
+        };
+        let pool = Pool::start(spec.config, spec.addresses, workers.clone(), setup).map_err(StartError::Pool)?;
+        let listener = bind(&pool.settings.listen, pool.settings.backlog).map_err(|source| StartError::Listen {
+            what: format!("pool {:?}", pool.name),
+            addr: pool.settings.listen.clone(),
+            source,
+        })?;
+        let addr = listener.local_addr().map_err(|source| StartError::Listen {
+            what: format!("pool {:?}", pool.name),
+            addr: pool.settings.listen.clone(),
+            source,
+        })?;
         listeners.push((pool.name.clone(), addr));
         bound.push((pool.clone(), listener));
         started.push(pool);
     }
-    let proxy = Arc::new(Proxy { shared: shared.clone(), pools: RwLock::new(started) });
+    let registry = Arc::new(Registry::new(shared.clone(), started));
     let mut tasks = Vec::new();
+    let pool_count = bound.len();
     for (pool, listener) in bound {
         let shared = shared.clone();
         let stop = shutdown.subscribe();
@@ -217,15 +184,30 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
     }
     let admin = match options.admin_addr {
         Some(addr) => {
-            let listener =
-                TcpListener::bind(addr).await.map_err(|e| format!("cannot listen on admin address {addr}: {e}"))?;
-            let local = listener.local_addr().map_err(|e| e.to_string())?;
-            tasks.push(tokio::spawn(crate::admin::serve(listener, proxy.clone(), shutdown.subscribe())));
-            Some(local)
+            let listener = bind_tcp("admin endpoint", addr).await?;
+            let local = listener.local_addr().ok();
+            tasks.push(tokio::spawn(crate::admin::serve(listener, registry.clone(), shutdown.subscribe())));
+            local
         }
         None => None,
     };
-    Ok(Running { proxy, listeners, admin, shutdown, tasks, workers })
+    let stats = match options.stats_addr {
+        Some(addr) => {
+            let listener = bind_tcp("stats port", addr).await?;
+            let local = listener.local_addr().ok();
+            let serve = crate::twemproxy_stats::serve(
+                listener,
+                registry.clone(),
+                options.stats_interval,
+                pool_count,
+                shutdown.subscribe(),
+            );
+            tasks.push(tokio::spawn(serve));
+            local
+        }
+        None => None,
+    };
+    Ok(Running { registry, listeners, admin, stats, shutdown, tasks, workers })
 }
 
 async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
@@ -249,25 +231,32 @@ async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>
             }
         };
         let limit = pool.settings.client_connections;
-        if limit > 0 && pool.stats.curr_connections.load(Relaxed) >= limit {
-            pool.stats.rejected_connections.fetch_add(1, Relaxed);
+        if limit > 0 && pool.open_connections() >= limit {
+            pool.counters().rejected_connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             drop(stream);
             continue;
         }
         let _ = stream.set_nodelay(true);
-        pool.stats.curr_connections.fetch_add(1, Relaxed);
-        pool.stats.total_connections.fetch_add(1, Relaxed);
+        let guard = ConnGuard::open(pool.all_counters().clone());
         let pool = pool.clone();
         let shared = shared.clone();
         let stop = stop.clone();
         let workers = pool.workers().clone();
         workers.serve_tcp(stream, move |stream| async move {
-            match stream {
-                Ok(stream) if pool.settings.redis => crate::redis::serve(stream, pool.clone(), shared, stop).await,
-                Ok(stream) => client::serve(stream, pool.clone(), shared, stop).await,
-                Err(e) => tracing::warn!(pool = %pool.name, "cannot hand a connection to a worker: {e}"),
+            let stream = match stream {
+                Ok(s) => s,
+                Err(e) => return tracing::warn!(pool = %pool.name, "cannot hand a connection to a worker: {e}"),
+            };
+            let o = &shared.options;
+            let settings = ConnSettings { idle: o.client_idle_timeout, budget: o.client_buffer };
+            let requester = crate::conn::requester(o.client_buffer);
+            if pool.settings.redis {
+                let session = RedisSession::new(pool, shared.clone(), requester.clone());
+                crate::conn::serve(stream, session, requester, settings, stop, guard).await;
+            } else {
+                let session = MemcacheSession::new(pool, shared.clone(), requester.clone());
+                crate::conn::serve(stream, session, requester, settings, stop, guard).await;
             }
-            pool.stats.curr_connections.fetch_sub(1, Relaxed);
         });
     }
 }

@@ -1,9 +1,200 @@
-//! Counters and latency histograms, read by the admin endpoint (JSON and
-//! Prometheus text) and the `stats` command.
+//! Counters, gauges and latency histograms: one list of each, from which
+//! every rendering is made (memcached `stats`, Redis `INFO`, the admin
+//! endpoint's JSON and Prometheus text, twemproxy's stats document).
+//!
+//! Counters that requests update are kept per worker thread ([`PerWorker`])
+//! and summed when read, so the threads never write to the same cache line.
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
+
+/// Whether a value only grows or goes up and down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only grows (Prometheus `counter`).
+    Counter,
+    /// Goes up and down (Prometheus `gauge`).
+    Gauge,
+}
+
+/// A counter's name, kind and meaning.
+#[derive(Clone, Copy, Debug)]
+pub struct Desc {
+    /// Its name in every rendering (Prometheus adds a prefix and `_total`).
+    pub name: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+    /// One line saying what it counts.
+    pub help: &'static str,
+}
+
+/// Declares a struct of atomic counters with its [`Desc`] list, in one
+/// place: the field's doc comment is its help text.
+macro_rules! counters {
+    ($(#[$meta:meta])* pub struct $name:ident { $($(#[doc = $doc:literal])+ $field:ident: $kind:ident,)+ }) => {
+        $(#[$meta])*
+        #[derive(Debug, Default)]
+        pub struct $name {
+            $($(#[doc = $doc])+ pub $field: AtomicU64,)+
+        }
+
+        impl $name {
+            /// Every counter, in rendering order.
+            pub const DESCS: &'static [Desc] = &[
+                $(Desc { name: stringify!($field), kind: Kind::$kind, help: concat!($($doc),+) },)+
+            ];
+
+            /// The values, in [`Self::DESCS`] order.
+            pub fn values(&self) -> Vec<u64> {
+                vec![$(self.$field.load(Relaxed),)+]
+            }
+        }
+    };
+}
+
+counters! {
+    /// A pool's counters (one set per worker thread).
+    pub struct PoolCounters {
+        /// Client connections open now.
+        curr_connections: Gauge,
+        /// Client connections accepted.
+        total_connections: Counter,
+        /// Client connections refused (over client_connections).
+        rejected_connections: Counter,
+        /// Client connections the client closed.
+        client_eof: Counter,
+        /// Client connections closed on an error (a read error, or a request that cannot be parsed).
+        client_err: Counter,
+        /// Client connections closed for holding too many unread reply bytes.
+        client_overflows: Counter,
+        /// Client requests (a multi-key request counts once).
+        requests: Counter,
+        /// Client requests answered with an error.
+        errors: Counter,
+        /// Client requests answered with an error the proxy made up because no server could answer.
+        forward_errors: Counter,
+        /// Parts sent to servers for multi-key requests split by server.
+        fragments: Counter,
+        /// Retrieval commands.
+        cmd_get: Counter,
+        /// Keys asked for by retrieval commands.
+        get_keys: Counter,
+        /// Keys found.
+        get_hits: Counter,
+        /// Storage commands.
+        cmd_set: Counter,
+        /// Large Redis replies passed on as they arrived.
+        streamed_replies: Counter,
+    }
+}
+
+counters! {
+    /// A pool's events that are not per request (one set per pool).
+    pub struct PoolEvents {
+        /// Membership changes applied.
+        membership_changes: Counter,
+        /// Times a server was ejected by health (auto_eject_hosts).
+        server_ejects: Counter,
+        /// Load held on all its servers (distribution bounded: requests in flight).
+        load: Gauge,
+    }
+}
+
+counters! {
+    /// A server's counters (one set per worker thread).
+    pub struct ServerCounters {
+        /// Requests queued for the server.
+        requests: Counter,
+        /// Bytes of those requests.
+        request_bytes: Counter,
+        /// Replies read from the server.
+        responses: Counter,
+        /// Bytes of those replies.
+        response_bytes: Counter,
+        /// Requests answered with an error (no connection, timeout, connection lost).
+        errors: Counter,
+        /// Of those, timeouts.
+        timeouts: Counter,
+        /// Connections the server closed.
+        server_eof: Counter,
+        /// Connections that failed (refused, reset, failed set-up, bad reply).
+        server_err: Counter,
+        /// Connections closed because a reply timed out.
+        server_timedout: Counter,
+        /// Connections open now.
+        server_connections: Gauge,
+        /// Connections made.
+        connections_made: Counter,
+        /// Requests waiting to be written to the server.
+        in_queue: Gauge,
+        /// Bytes of those requests.
+        in_queue_bytes: Gauge,
+        /// Requests written and waiting for their reply.
+        out_queue: Gauge,
+        /// Bytes of those requests.
+        out_queue_bytes: Gauge,
+    }
+}
+
+counters! {
+    /// A server's events that are not per request.
+    pub struct ServerEvents {
+        /// Times the server was ejected (by health or by hand).
+        ejections: Counter,
+        /// When it was last ejected by health, in µs since the Unix epoch (0: never).
+        ejected_at_us: Gauge,
+        /// Load held on the server (distribution bounded: requests in flight).
+        load: Gauge,
+    }
+}
+
+/// One value per worker thread, each on its own cache lines.
+#[derive(Debug)]
+pub struct PerWorker<T> {
+    slots: Box<[Padded<T>]>,
+}
+
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct Padded<T>(T);
+
+impl<T: Default> PerWorker<T> {
+    /// `workers` default values.
+    pub fn new(workers: usize) -> PerWorker<T> {
+        PerWorker { slots: (0..workers.max(1)).map(|_| Padded(T::default())).collect() }
+    }
+}
+
+impl<T> PerWorker<T> {
+    /// The calling worker thread's value.
+    #[inline]
+    pub fn local(&self) -> &T {
+        &self.slots[crate::workers::current_index() % self.slots.len()].0
+    }
+
+    /// Every worker's value.
+    pub fn all(&self) -> impl Iterator<Item = &T> {
+        self.slots.iter().map(|p| &p.0)
+    }
+}
+
+/// Sums the values of [`PoolCounters::values`]-like lists.
+pub fn sum<'a>(lists: impl Iterator<Item = Vec<u64>> + 'a) -> Vec<u64> {
+    let mut total: Vec<u64> = Vec::new();
+    for list in lists {
+        if total.is_empty() {
+            total = list;
+        } else {
+            for (t, v) in total.iter_mut().zip(list) {
+                // Gauges are kept per worker as increments and decrements
+                // of a u64: wrapping sums give the right total.
+                *t = t.wrapping_add(v);
+            }
+        }
+    }
+    total
+}
 
 /// Upper bounds of the latency buckets, in microseconds.
 pub const LATENCY_BUCKETS_US: [u64; 15] = [
@@ -20,6 +211,19 @@ pub struct Histogram {
     max_us: AtomicU64,
 }
 
+/// A histogram's values at one moment (several histograms merged).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HistogramValues {
+    /// Observations per bucket ([`LATENCY_BUCKETS_US`], then the rest).
+    pub buckets: Vec<u64>,
+    /// Sum of all observations, µs.
+    pub sum_us: u64,
+    /// Observations.
+    pub count: u64,
+    /// The largest observation, µs.
+    pub max_us: u64,
+}
+
 impl Histogram {
     /// Records one observation.
     pub fn observe(&self, d: Duration) {
@@ -31,23 +235,37 @@ impl Histogram {
         self.max_us.fetch_max(us, Relaxed);
     }
 
-    /// The largest observation, in µs.
-    pub fn max_us(&self) -> u64 {
-        self.max_us.load(Relaxed)
+    /// The values now.
+    pub fn values(&self) -> HistogramValues {
+        HistogramValues {
+            buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+            sum_us: self.sum_us.load(Relaxed),
+            count: self.count.load(Relaxed),
+            max_us: self.max_us.load(Relaxed),
+        }
     }
+}
 
-    /// Number of observations.
-    pub fn count(&self) -> u64 {
-        self.count.load(Relaxed)
+impl HistogramValues {
+    /// Adds another histogram's values.
+    pub fn merge(&mut self, other: &HistogramValues) {
+        if self.buckets.is_empty() {
+            self.buckets = vec![0; other.buckets.len()];
+        }
+        for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
+            *a += b;
+        }
+        self.sum_us += other.sum_us;
+        self.count += other.count;
+        self.max_us = self.max_us.max(other.max_us);
     }
 
     /// Mean in microseconds.
     pub fn mean_us(&self) -> f64 {
-        let n = self.count();
-        if n == 0 {
+        if self.count == 0 {
             0.0
         } else {
-            self.sum_us.load(Relaxed) as f64 / n as f64
+            self.sum_us as f64 / self.count as f64
         }
     }
 
@@ -55,77 +273,31 @@ impl Histogram {
     /// it falls in, never more than the largest value seen (so the top
     /// bucket, which has no bound, reports that value).
     pub fn quantile_us(&self, q: f64) -> u64 {
-        let n = self.count();
-        if n == 0 {
+        if self.count == 0 {
             return 0;
         }
-        let max = self.max_us();
-        let target = ((q * n as f64).ceil() as u64).max(1);
+        let target = ((q * self.count as f64).ceil() as u64).max(1);
         let mut seen = 0;
         for (i, b) in self.buckets.iter().enumerate() {
-            seen += b.load(Relaxed);
+            seen += b;
             if seen >= target {
-                return LATENCY_BUCKETS_US.get(i).map_or(max, |&bound| bound.min(max));
+                return LATENCY_BUCKETS_US.get(i).map_or(self.max_us, |&bound| bound.min(self.max_us));
             }
         }
-        max
+        self.max_us
     }
 
     /// Prometheus histogram lines for `name{labels}` (seconds).
     pub fn prometheus(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         for (i, b) in self.buckets.iter().enumerate() {
-            cumulative += b.load(Relaxed);
+            cumulative += b;
             let le = LATENCY_BUCKETS_US.get(i).map_or("+Inf".to_owned(), |us| format!("{}", *us as f64 / 1e6));
             let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{le}\"}} {cumulative}");
         }
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_us.load(Relaxed) as f64 / 1e6);
-        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count());
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_us as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {}", self.count);
     }
-}
-
-/// Per-server counters.
-#[derive(Debug, Default)]
-pub struct ServerStats {
-    /// Requests sent.
-    pub requests: AtomicU64,
-    /// Requests answered with an error by the proxy (connect failure, timeout, closed).
-    pub errors: AtomicU64,
-    /// Of those, timeouts.
-    pub timeouts: AtomicU64,
-    /// Times the server was ejected.
-    pub ejections: AtomicU64,
-    /// Connections made.
-    pub connections: AtomicU64,
-    /// Time from sending a request to its reply.
-    pub latency: Histogram,
-}
-
-/// Per-pool counters.
-#[derive(Debug, Default)]
-pub struct PoolStats {
-    /// Client connections open now.
-    pub curr_connections: AtomicU64,
-    /// Client connections accepted in all.
-    pub total_connections: AtomicU64,
-    /// Client connections refused (over `client_connections`).
-    pub rejected_connections: AtomicU64,
-    /// Client requests (a multi-key get counts once).
-    pub requests: AtomicU64,
-    /// Client requests answered with an error.
-    pub errors: AtomicU64,
-    /// Retrieval commands.
-    pub cmd_get: AtomicU64,
-    /// Keys asked for by retrieval commands.
-    pub get_keys: AtomicU64,
-    /// Keys found.
-    pub get_hits: AtomicU64,
-    /// Storage commands.
-    pub cmd_set: AtomicU64,
-    /// Membership changes applied.
-    pub membership_changes: AtomicU64,
-    /// Large Redis replies passed on as they arrived instead of whole.
-    pub streamed_replies: AtomicU64,
 }
 
 #[cfg(test)]
@@ -135,17 +307,102 @@ mod tests {
     #[test]
     fn quantiles_are_bounded_by_the_largest_value() {
         let h = Histogram::default();
-        assert_eq!(h.quantile_us(0.99), 0);
+        assert_eq!(h.values().quantile_us(0.99), 0);
         for _ in 0..90 {
             h.observe(Duration::from_micros(80));
         }
         for _ in 0..10 {
             h.observe(Duration::from_millis(1300));
         }
-        assert_eq!(h.quantile_us(0.5), 100);
-        assert_eq!(h.quantile_us(0.99), 1_300_000, "the bucket's bound (2.5 s) is above anything seen");
+        let v = h.values();
+        assert_eq!(v.quantile_us(0.5), 100);
+        assert_eq!(v.quantile_us(0.99), 1_300_000, "the bucket's bound (2.5 s) is above anything seen");
         h.observe(Duration::from_secs(42));
-        assert_eq!(h.quantile_us(1.0), 42_000_000, "the open top bucket reports the largest value");
-        assert_eq!(h.max_us(), 42_000_000);
+        let v = h.values();
+        assert_eq!(v.quantile_us(1.0), 42_000_000, "the open top bucket reports the largest value");
+        let mut merged = HistogramValues::default();
+        merged.merge(&v);
+        merged.merge(&v);
+        assert_eq!((merged.count, merged.max_us), (202, 42_000_000));
     }
+
+    #[test]
+    fn counters_are_listed_with_their_help() {
+        assert_eq!(PoolCounters::DESCS[0].name, "curr_connections");
+        assert_eq!(PoolCounters::DESCS[0].kind, Kind::Gauge);
+        assert!(PoolCounters::DESCS.iter().all(|d| !d.help.trim().is_empty()));
+        let c = PoolCounters::default();
+        c.requests.fetch_add(3, Relaxed);
+        let at = PoolCounters::DESCS.iter().position(|d| d.name == "requests").unwrap();
+        assert_eq!(c.values()[at], 3);
+        // Gauges go below zero on one worker and above on another.
+        let a = ServerCounters::default();
+        let b = ServerCounters::default();
+        a.in_queue.fetch_sub(1, Relaxed);
+        b.in_queue.fetch_add(3, Relaxed);
+        let at = ServerCounters::DESCS.iter().position(|d| d.name == "in_queue").unwrap();
+        assert_eq!(sum([a.values(), b.values()].into_iter())[at], 2);
+    }
+}
+
+/// Every counter of a pool and its servers at one moment: what each
+/// rendering is made from.
+#[derive(Clone, Debug)]
+pub struct PoolSnapshot {
+    /// The pool name.
+    pub name: String,
+    /// Its listen address as configured.
+    pub listen: String,
+    /// Its distribution's name.
+    pub distribution: &'static str,
+    /// Whether it speaks Redis.
+    pub redis: bool,
+    /// Servers taking keys now.
+    pub live_servers: usize,
+    /// [`PoolCounters`] then [`PoolEvents`], summed over workers.
+    pub counters: Vec<(Desc, u64)>,
+    /// Its servers, in config order.
+    pub servers: Vec<ServerSnapshot>,
+}
+
+/// One server's counters at one moment.
+#[derive(Clone, Debug)]
+pub struct ServerSnapshot {
+    /// Its id.
+    pub id: String,
+    /// Its weight.
+    pub weight: u32,
+    /// Its name, if the server line gives one.
+    pub name: Option<String>,
+    /// Where it is reached.
+    pub address: String,
+    /// `up`, `down`, `ejected` or `auto-ejected`.
+    pub state: &'static str,
+    /// [`ServerCounters`] then [`ServerEvents`], summed over workers.
+    pub counters: Vec<(Desc, u64)>,
+    /// Time from writing a request to reading its reply.
+    pub latency: HistogramValues,
+}
+
+impl PoolSnapshot {
+    /// The value of the pool counter `name` (0 if there is none).
+    pub fn get(&self, name: &str) -> u64 {
+        value(&self.counters, name)
+    }
+}
+
+impl ServerSnapshot {
+    /// The value of the server counter `name` (0 if there is none).
+    pub fn get(&self, name: &str) -> u64 {
+        value(&self.counters, name)
+    }
+}
+
+fn value(counters: &[(Desc, u64)], name: &str) -> u64 {
+    counters.iter().find(|(d, _)| d.name == name).map_or(0, |(_, v)| *v)
+}
+
+/// Pairs descriptions with values.
+pub fn described(descs: &'static [Desc], values: Vec<u64>) -> impl Iterator<Item = (Desc, u64)> {
+    descs.iter().copied().zip(values)
 }

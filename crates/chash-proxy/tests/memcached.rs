@@ -7,13 +7,13 @@ mod support;
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{free_port, memcacheds, require, wait_listening, Client, Memcached, Proxy};
+use support::{memcacheds, require, wait_listening, Client, Memcached, Nutcracker, Proxy};
 
 fn refs(m: &[Memcached]) -> Vec<&Memcached> {
     m.iter().collect()
@@ -155,26 +155,13 @@ fn pipelining_fifty_clients_never_mixes_replies() {
 /// memcached servers: whatever one stores, the other finds.
 #[test]
 fn placement_equals_nutcracker() {
-    let nutcracker = require("nutcracker", "nutcracker");
     let mc = memcacheds(4);
     for extra in ["", "  hash: md5\n  hash_tag: \"{}\"\n", "  distribution: modula\n  hash: crc32a\n"] {
         let yml = support::config(extra, &refs(&mc));
         let proxy = Proxy::start(&yml);
-        let tw_port = free_port();
-        let tw_yml = yml.replacen(&format!("listen: {}", proxy.addr), &format!("listen: 127.0.0.1:{tw_port}"), 1);
-        let dir = std::env::temp_dir().join(format!("chash-nc-{}-{tw_port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let conf = dir.join("nutcracker.yml");
-        std::fs::write(&conf, &tw_yml).unwrap();
-        let mut tw = Command::new(&nutcracker)
-            .args(["-c", conf.to_str().unwrap(), "-s", &free_port().to_string(), "-a", "127.0.0.1"])
-            .args(["-o", dir.join("nc.log").to_str().unwrap(), "-p", dir.join("nc.pid").to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_listening(tw_port);
-        let mut via_tw = Client::connect(([127, 0, 0, 1], tw_port).into());
+        let tw = Nutcracker::start(&yml, 30_000);
+        let tw_port = tw.port;
+        let mut via_tw = Client::connect(tw.addr());
         let mut via_chash = proxy.client();
         // Fresh keys per direction (memcached's flush_all has one-second
         // granularity, so flushing between rounds would race).
@@ -191,10 +178,82 @@ fn placement_equals_nutcracker() {
         }
         let misses = chash_keys.iter().filter(|k| via_tw.get(k).is_none()).count();
         assert_eq!(misses, 0, "{extra:?}: nutcracker missed keys chash-proxy stored");
-        let _ = tw.kill();
-        let _ = tw.wait();
-        let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// twemproxy's stats document, served on the stats port: the same fields in
+/// the same order as a real nutcracker's for the same config, and the same
+/// counts after the same traffic (one worker thread, so one connection per
+/// server as nutcracker keeps).
+#[test]
+fn stats_port_matches_nutcracker_field_by_field() {
+    let mc = memcacheds(2);
+    let extra = "  hash: md5\n  timeout: 2000\n";
+    let mut yml = support::config(extra, &refs(&mc));
+    // A named server: twemproxy shows it by its name.
+    yml = yml.replacen(&format!("{}:2\n", mc[1].id()), &format!("{}:2 cache-b\n", mc[1].id()), 1);
+    let tw = Nutcracker::start(&yml, 100);
+    let mut options = chash_proxy::ProxyOptions::default();
+    options.stats_addr = Some("127.0.0.1:0".parse().unwrap());
+    options.stats_interval = Duration::from_millis(100);
+    options.threads = Some(1);
+    let proxy = Proxy::start_with(&yml, options, None);
+    // Starting nutcracker made one connection to see it listen: so here.
+    wait_listening(proxy.addr.port());
+    let traffic = |addr: std::net::SocketAddr| {
+        let mut c = Client::connect(addr);
+        for i in 0..40 {
+            assert_eq!(c.set(&format!("s:{i}"), format!("value {i}").as_bytes()), "STORED\r\n");
+        }
+        for i in 0..50 {
+            let _ = c.get(&format!("s:{i}"));
+        }
+        assert_eq!(c.cmd("delete s:1\r\n"), "DELETED\r\n");
+        assert_eq!(c.cmd("delete nope\r\n"), "NOT_FOUND\r\n");
+        assert_eq!(c.cmd("incr s:2 1\r\n").split_whitespace().next(), Some("CLIENT_ERROR"));
+        drop(c);
+        // A second client that quits.
+        let mut c = Client::connect(addr);
+        assert_eq!(c.set("q", b"1"), "STORED\r\n");
+        c.send(b"quit\r\n");
+        thread::sleep(Duration::from_millis(50));
+    };
+    traffic(tw.addr());
+    traffic(proxy.addr);
+    thread::sleep(Duration::from_millis(600));
+    let theirs = support::read_stats_port(([127, 0, 0, 1], tw.stats_port).into());
+    let ours = support::read_stats_port(proxy.stats.unwrap());
+    assert!(ours.ends_with("}}}\n") && !ours.contains('\r'), "one line, as twemproxy's: {ours:?}");
+    let parse = |doc: &str| -> serde_json::Value { serde_json::from_str(doc).unwrap() };
+    let (t, o) = (parse(&theirs), parse(&ours));
+    // Same fields in the same order, at every level (serde_json keeps the
+    // order of the text: preserve_order is not on, so compare the text).
+    let keys = |doc: &str| -> Vec<String> {
+        doc.split('"').skip(1).step_by(2).filter(|k| !k.is_empty()).map(str::to_owned).collect()
+    };
+    let differ = ["service", "source", "version", "uptime", "timestamp"];
+    let (tk, ok): (Vec<String>, Vec<String>) = (keys(&theirs), keys(&ours));
+    let strip = |ks: Vec<String>, doc: &serde_json::Value| -> Vec<String> {
+        ks.into_iter().filter(|k| !differ.iter().any(|d| doc[d] == serde_json::json!(k))).collect()
+    };
+    assert_eq!(strip(tk, &t), strip(ok, &o), "\nnutcracker: {theirs}\nchash:      {ours}");
+    let pool = |v: &serde_json::Value| v["alpha"].clone();
+    let (tp, op) = (pool(&t), pool(&o));
+    for field in ["client_eof", "client_err", "client_connections", "server_ejects", "forward_error", "fragments"] {
+        assert_eq!(tp[field], op[field], "pool {field}\nnutcracker: {theirs}\nchash:      {ours}");
+    }
+    for server in [mc[0].id(), "cache-b".to_owned()] {
+        for (field, _) in tp[&server].as_object().unwrap() {
+            assert_eq!(
+                tp[&server][field], op[&server][field],
+                "{server} {field}\nnutcracker: {theirs}\nchash:      {ours}"
+            );
+        }
+    }
+    for field in ["total_connections", "curr_connections"] {
+        assert_eq!(t[field], o[field], "{field}\nnutcracker: {theirs}\nchash:      {ours}");
+    }
+    assert!(op[mc[0].id()]["requests"].as_u64().unwrap() > 0);
 }
 
 #[test]
@@ -600,10 +659,8 @@ fn reload_applies_new_servers() {
 fn connection_limit_and_idle_timeout() {
     let mc = memcacheds(1);
     let yml = support::config("  client_connections: 2\n", &refs(&mc));
-    let options = chash_proxy::ProxyOptions {
-        client_idle_timeout: Some(Duration::from_millis(400)),
-        ..chash_proxy::ProxyOptions::default()
-    };
+    let mut options = chash_proxy::ProxyOptions::default();
+    options.client_idle_timeout = Some(Duration::from_millis(400));
     let proxy = Proxy::start_with(&yml, options, None);
     let mut a = proxy.client();
     let mut b = proxy.client();
@@ -635,6 +692,6 @@ fn connection_limit_and_idle_timeout() {
         assert!(Instant::now() < deadline, "places were not freed");
         thread::sleep(Duration::from_millis(50));
     }
-    let stats = proxy.handle.pools()[0].stats.rejected_connections.load(Relaxed);
+    let stats = proxy.handle.pools()[0].stats().get("rejected_connections");
     assert!(stats >= 1);
 }

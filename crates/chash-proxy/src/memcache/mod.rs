@@ -1,9 +1,12 @@
 //! The memcached ASCII protocol, in layers: bytes to [`Request`]s
-//! ([`request`]), backend bytes to [`Reply`]s ([`reply`]), and requests to the
-//! bytes a backend is sent ([`Request::encode`]).
+//! ([`request`]), server bytes to replies (`reply`: the backend framings),
+//! and a client connection's session (`session`).
 
 pub mod reply;
 pub mod request;
+pub(crate) mod session;
 
-pub use reply::{parse_reply, values, Reply, ReplyKind, ReplyParse, Value};
-pub use request::{parse_request, ArithOp, Limits, Parsed, Request, RetrievalCmd, StorageCmd, MAX_KEY_LEN};
+pub use reply::{values, Value, LINE, VALUES};
+pub use request::{
+    parse_more_keys, parse_request, ArithOp, Limits, Parsed, Request, RetrievalCmd, StorageCmd, MAX_KEY_LEN,
+};

@@ -4,6 +4,9 @@
 //! The parser never allocates more than the request itself needs: a storage
 //! command's data is only buffered when it fits the configured maximum; a
 //! larger one is answered at once and its bytes are skipped as they arrive.
+//! A get line of any length is taken a segment at a time
+//! ([`Parsed::Partial`], then [`parse_more_keys`]), so it is never held
+//! whole.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
@@ -11,7 +14,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 pub const MAX_KEY_LEN: usize = 250;
 
 /// A command line longer than this without `\r\n` is refused and the
-/// connection closed (a get of 200 maximal keys fits).
+/// connection closed, unless it is a get line: those are taken in segments
+/// of about this size.
 pub const MAX_LINE: usize = 64 * 1024;
 
 /// `set`, `add`, `replace`, `append`, `prepend`, `cas`.
@@ -181,6 +185,16 @@ pub enum Parsed {
         /// Whether the connection must be closed.
         close: bool,
     },
+    /// A request that gets `reply`; the rest of its line (which has not
+    /// arrived yet) is to be discarded up to and including its `\n`.
+    RefusedLine {
+        /// The reply line, with `\r\n`.
+        reply: &'static [u8],
+    },
+    /// The first keys of a get line too long to take whole, as a
+    /// retrieval whose reply has no `END`; its bytes have been taken. The
+    /// rest of the line is parsed with [`parse_more_keys`].
+    Partial(Request),
 }
 
 const ERROR: &[u8] = b"ERROR\r\n";
@@ -231,8 +245,11 @@ fn num<T: std::str::FromStr>(word: &[u8]) -> Option<T> {
 /// Parses one request from the front of `buf`, taking its bytes when it is
 /// complete.
 pub fn parse_request(buf: &mut BytesMut, limits: Limits) -> Parsed {
-    let Some(nl) = memchr_newline(buf) else {
+    let Some(nl) = memchr::memchr(b'\n', buf) else {
         if buf.len() > MAX_LINE {
+            if let Some(partial) = get_line_start(buf, limits) {
+                return partial;
+            }
             buf.clear();
             return Parsed::Refused { reply: LINE_TOO_LONG, skip: 0, close: true };
         }
@@ -415,8 +432,77 @@ fn storage(buf: &mut BytesMut, line: &Bytes, words: &[&[u8]], line_len: usize, l
     Parsed::Request(Request::Storage { cmd, key, flags, exptime, data, cas, noreply })
 }
 
-fn memchr_newline(buf: &[u8]) -> Option<usize> {
-    buf.iter().position(|&b| b == b'\n')
+/// The start of a get line with no end in sight: its command word (and
+/// `gat`'s time) and the complete keys buffered so far, taken as a
+/// [`Parsed::Partial`]. `None` when the line is not a retrieval.
+fn get_line_start(buf: &mut BytesMut, limits: Limits) -> Option<Parsed> {
+    let (cmd, with_time, exptime) = {
+        let mut words = buf[..].split(|&b| b == b' ').filter(|w| !w.is_empty());
+        let (cmd, with_time) = match words.next()? {
+            b"get" => (RetrievalCmd::Get, false),
+            b"gets" => (RetrievalCmd::Gets, false),
+            b"gat" => (RetrievalCmd::Gat, true),
+            b"gats" => (RetrievalCmd::Gats, true),
+            _ => return None,
+        };
+        let exptime = if with_time { words.next().and_then(num::<i64>) } else { Some(0) };
+        (cmd, with_time, exptime)
+    };
+    let Some(exptime) = exptime else {
+        buf.clear();
+        return Some(Parsed::RefusedLine { reply: BAD_FORMAT });
+    };
+    // Skip the command word (and time), then take keys as a continuation.
+    let mut pos = 0;
+    for _ in 0..1 + usize::from(with_time) {
+        while buf.get(pos) == Some(&b' ') {
+            pos += 1;
+        }
+        while buf.get(pos).is_some_and(|&b| b != b' ') {
+            pos += 1;
+        }
+    }
+    buf.advance(pos);
+    Some(parse_more_keys(buf, cmd, exptime, limits))
+}
+
+/// Continues a get line begun with [`Parsed::Partial`]: the keys up to the
+/// line's end as the last segment ([`Parsed::Request`], whose reply ends
+/// with `END`; it may have no keys), or the next segment's complete keys
+/// as another [`Parsed::Partial`] once a segment's worth is buffered.
+/// A bad key gets [`Parsed::RefusedLine`].
+pub fn parse_more_keys(buf: &mut BytesMut, cmd: RetrievalCmd, exptime: i64, limits: Limits) -> Parsed {
+    let (end, last) = match memchr::memchr(b'\n', buf) {
+        Some(nl) => (nl, true),
+        None if buf.len() > MAX_LINE => {
+            let space = memchr::memrchr(b' ', buf);
+            match space {
+                // The unfinished key at the end is already too long.
+                _ if buf.len() - space.map_or(0, |s| s + 1) > MAX_KEY_LEN => {
+                    buf.clear();
+                    return Parsed::RefusedLine { reply: BAD_FORMAT };
+                }
+                Some(space) => (space, false),
+                None => return Parsed::Incomplete,
+            }
+        }
+        None => return Parsed::Incomplete,
+    };
+    let line = buf.split_to(end).freeze();
+    if last {
+        buf.advance(1);
+    }
+    let text = if last { line.strip_suffix(b"\r").unwrap_or(&line) } else { &line[..] };
+    let keys: Vec<Bytes> = text.split(|&b| b == b' ').filter(|w| !w.is_empty()).map(|k| line.slice_ref(k)).collect();
+    if !keys.iter().all(|k| key_ok(k, limits)) {
+        return if last { refused(BAD_FORMAT) } else { Parsed::RefusedLine { reply: BAD_FORMAT } };
+    }
+    let request = Request::Retrieval { cmd, exptime, keys };
+    if last {
+        Parsed::Request(request)
+    } else {
+        Parsed::Partial(request)
+    }
 }
 
 impl Request {
@@ -508,31 +594,16 @@ impl Request {
     }
 }
 
-/// Appends `n` in decimal (no formatting machinery: this is on every request).
-pub(crate) fn put_decimal(out: &mut BytesMut, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.put_slice(&digits[i..]);
-}
-
 /// Appends `' '` and `n` in decimal.
 fn put_num(out: &mut BytesMut, n: u64) {
     out.put_u8(b' ');
-    put_decimal(out, n);
+    out.put_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Appends `' '` and a signed `n` in decimal.
 fn put_int(out: &mut BytesMut, n: i64) {
-    out.put_slice(if n < 0 { b" -" } else { b" " });
-    put_decimal(out, n.unsigned_abs());
+    out.put_u8(b' ');
+    out.put_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// Drops up to `*discard` bytes of a refused data block from the front of
@@ -594,9 +665,63 @@ mod tests {
         assert_eq!(parse(b"incr k x\r\n").0, refused(b"CLIENT_ERROR invalid numeric delta argument\r\n"));
         let mut huge = BytesMut::from(&vec![b'a'; MAX_LINE + 1][..]);
         assert!(matches!(parse_request(&mut huge, Limits::default()), Parsed::Refused { close: true, .. }));
+        let mut huge = BytesMut::from(format!("get {}", "k".repeat(MAX_LINE)).as_bytes());
+        assert_eq!(parse_request(&mut huge, Limits::default()), Parsed::RefusedLine { reply: BAD_FORMAT });
         let mut lenient = BytesMut::from(&b"get \x10k\r\n"[..]);
         let limits = Limits { lenient_keys: true, ..Limits::default() };
         assert!(matches!(parse_request(&mut lenient, limits), Parsed::Request(Request::Retrieval { .. })));
+    }
+
+    /// A get line longer than a segment comes in pieces that together hold
+    /// every key once, in order, however the bytes arrive.
+    #[test]
+    fn long_get_lines_come_in_segments() {
+        let keys: Vec<String> = (0..3000).map(|i| format!("key:{i:05}:{}", "x".repeat(i % 40))).collect();
+        for cmd in ["get", "gats 60"] {
+            let line = format!("{cmd} {}\r\nversion\r\n", keys.join(" "));
+            for piece in [4096, 70_000, line.len()] {
+                let mut buf = BytesMut::new();
+                let mut got: Vec<Bytes> = Vec::new();
+                let mut segments = 0;
+                let mut continuing: Option<(RetrievalCmd, i64)> = None;
+                let mut rest = line.as_bytes();
+                let mut after = None;
+                while after.is_none() {
+                    let take = piece.min(rest.len());
+                    buf.extend_from_slice(&rest[..take]);
+                    rest = &rest[take..];
+                    loop {
+                        let parsed = match continuing {
+                            Some((c, t)) => parse_more_keys(&mut buf, c, t, Limits::default()),
+                            None => parse_request(&mut buf, Limits::default()),
+                        };
+                        match parsed {
+                            Parsed::Partial(Request::Retrieval { cmd, exptime, keys }) => {
+                                let bytes = keys.iter().map(|k| k.len() + 1).sum::<usize>();
+                                assert!(bytes <= MAX_LINE + piece, "a segment is about one buffer: {bytes}");
+                                continuing = Some((cmd, exptime));
+                                got.extend(keys);
+                                segments += 1;
+                            }
+                            Parsed::Request(Request::Retrieval { keys, .. }) if after.is_none() => {
+                                continuing = None;
+                                got.extend(keys);
+                                segments += 1;
+                                after = Some(parse_request(&mut buf, Limits::default()));
+                                break;
+                            }
+                            Parsed::Incomplete => break,
+                            other => panic!("{other:?}"),
+                        }
+                    }
+                }
+                assert_eq!(after, Some(Parsed::Request(Request::Version)), "{cmd} in pieces of {piece}");
+                let got: Vec<&[u8]> = got.iter().map(|k| &k[..]).collect();
+                let want: Vec<&[u8]> = keys.iter().map(|k| k.as_bytes()).collect();
+                assert!(got == want, "{cmd} in pieces of {piece}: keys differ");
+                assert!(segments > 1 || piece == line.len(), "{cmd}: {segments} segments");
+            }
+        }
     }
 
     #[test]

@@ -6,6 +6,58 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
+use crate::backend::{Frame, Framing, Large, Scan};
+
+/// A reply still incomplete with this many bytes buffered is passed on as
+/// it arrives instead of being held whole.
+pub const STREAM_AFTER: usize = 256 * 1024;
+
+/// The largest reply held whole for a request that needs all of it (a part
+/// of a split command); a larger one is read past and the request gets an
+/// error.
+pub const WHOLE_REPLY_LIMIT: usize = 64 << 20;
+
+/// The framing of a reply forwarded to its client as it is: streamed when
+/// large.
+pub const STREAMED: &dyn Framing = &Streamed;
+
+/// The framing of a reply the proxy needs whole (a part of a split
+/// command), up to [`WHOLE_REPLY_LIMIT`].
+pub const WHOLE: &dyn Framing = &Whole;
+
+struct Streamed;
+struct Whole;
+
+impl Framing for Streamed {
+    fn parse(&self, buf: &mut BytesMut) -> Frame {
+        parse_reply(buf)
+    }
+    fn large(&self) -> Large {
+        Large::Stream { after: STREAM_AFTER }
+    }
+    fn scanner(&self) -> Option<Box<dyn Scan>> {
+        Some(Box::new(FrameScanner::default()))
+    }
+}
+
+impl Framing for Whole {
+    fn parse(&self, buf: &mut BytesMut) -> Frame {
+        parse_reply(buf)
+    }
+    fn large(&self) -> Large {
+        Large::Refuse { limit: WHOLE_REPLY_LIMIT }
+    }
+    fn scanner(&self) -> Option<Box<dyn Scan>> {
+        Some(Box::new(FrameScanner::default()))
+    }
+}
+
+impl Scan for FrameScanner {
+    fn scan(&mut self, buf: &[u8]) -> Result<(usize, bool), String> {
+        FrameScanner::scan(self, buf)
+    }
+}
+
 /// Limits on what a client may send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RespLimits {
@@ -88,7 +140,7 @@ pub fn encode_array<'a>(out: &mut BytesMut, items: impl ExactSizeIterator<Item =
 /// `<prefix><n>\r\n`.
 fn put_len(out: &mut BytesMut, prefix: u8, n: usize) {
     out.extend_from_slice(&[prefix]);
-    crate::memcache::request::put_decimal(out, n as u64);
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
     out.extend_from_slice(b"\r\n");
 }
 
@@ -102,6 +154,65 @@ pub enum Request {
     /// A protocol error: reply with it and close (the stream cannot be
     /// resynchronised after a bad frame, as in Redis).
     Error(String),
+    /// A command with an argument of `len` bytes, over the limit: refused,
+    /// and the rest of it (which may not have arrived) is read past with
+    /// `skip`, so the connection goes on.
+    TooLarge {
+        /// The argument's length.
+        len: usize,
+        /// What is left of the command.
+        skip: Skip,
+    },
+}
+
+/// The rest of a refused command, dropped as it arrives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Skip {
+    /// Bytes of the current argument (and its `\r\n`) still to come.
+    bytes: usize,
+    /// Arguments after it.
+    args: usize,
+}
+
+impl Skip {
+    /// Drops what it can of the command from the front of `buf`: `true`
+    /// once all of it is gone.
+    ///
+    /// # Errors
+    /// Bytes that are not the rest of a RESP command (the connection cannot
+    /// go on).
+    pub fn advance(&mut self, buf: &mut BytesMut) -> Result<bool, String> {
+        loop {
+            let take = self.bytes.min(buf.len());
+            buf.advance(take);
+            self.bytes -= take;
+            if self.bytes > 0 {
+                return Ok(false);
+            }
+            if self.args == 0 {
+                return Ok(true);
+            }
+            if buf.is_empty() {
+                return Ok(false);
+            }
+            if buf[0] != b'$' {
+                return Err(format!("Protocol error: expected '$', got '{}'", buf[0] as char));
+            }
+            let Some(end) = line_end(buf, 1) else {
+                if buf.len() > 32 {
+                    return Err("Protocol error: invalid bulk length".into());
+                }
+                return Ok(false);
+            };
+            let len = match int(&buf[1..end]) {
+                Some(l) if l >= 0 => l as usize,
+                _ => return Err("Protocol error: invalid bulk length".into()),
+            };
+            buf.advance(end + 2);
+            self.bytes = len.saturating_add(2);
+            self.args -= 1;
+        }
+    }
 }
 
 fn line_end(buf: &[u8], from: usize) -> Option<usize> {
@@ -167,7 +278,7 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
     // Walk the bulk strings without consuming until all are here.
     let mut pos = end + 2;
     let mut spans = Vec::with_capacity(n as usize);
-    for _ in 0..n {
+    for i in 0..n as usize {
         if pos >= buf.len() {
             return Some(Request::Incomplete);
         }
@@ -182,6 +293,13 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         };
         let len = match int(&buf[pos + 1..end]) {
             Some(l) if l >= 0 && (l as usize) <= limits.max_bulk => l as usize,
+            Some(l) if l >= 0 => {
+                // Read past it all: the header lines so far, this argument
+                // and the ones after it.
+                buf.advance(end + 2);
+                let skip = Skip { bytes: (l as usize).saturating_add(2), args: n as usize - i - 1 };
+                return Some(Request::TooLarge { len: l as usize, skip });
+            }
             _ => return Some(Request::Error("Protocol error: invalid bulk length".into())),
         };
         let start = end + 2;
@@ -198,17 +316,6 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
     let frame = buf.split_to(pos).freeze();
     let args = spans.into_iter().map(|(s, l)| frame.slice(s..s + l)).collect();
     Some(Request::Command(Command { args, raw: Some(frame) }))
-}
-
-/// What the reply parser made of a backend's bytes.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Frame {
-    /// One whole reply frame, as sent.
-    Done(Bytes),
-    /// Need more bytes.
-    Incomplete,
-    /// Not RESP.
-    Invalid(String),
 }
 
 /// End (exclusive) of the frame starting at `pos`, if complete.
@@ -444,9 +551,30 @@ mod tests {
         assert!(matches!(req(b"*1\r\n$-5\r\n"), Request::Error(_)));
         assert!(matches!(req(b"*1\r\n:5\r\n"), Request::Error(_)));
         assert!(matches!(req(b"*1\r\n$3\r\nabcde\r\n"), Request::Error(_)));
-        let limits = RespLimits { max_args: 2, max_bulk: 4 };
-        assert!(matches!(parse_request(&mut BytesMut::from(&b"*3\r\n"[..]), limits), Request::Error(_)));
-        assert!(matches!(parse_request(&mut BytesMut::from(&b"*1\r\n$5\r\n"[..]), limits), Request::Error(_)));
+        let limits = RespLimits { max_args: 3, max_bulk: 4 };
+        assert!(matches!(parse_request(&mut BytesMut::from(&b"*4\r\n"[..]), limits), Request::Error(_)));
+        // An argument over the limit is read past, whatever the pieces.
+        let input = b"*3\r\n$3\r\nSET\r\n$5\r\nabcde\r\n$2\r\nxy\r\n*1\r\n$4\r\nPING\r\n";
+        for piece in 1..input.len() {
+            let mut buf = BytesMut::new();
+            let mut chunks = input.chunks(piece);
+            let mut skip = loop {
+                buf.extend_from_slice(chunks.next().unwrap());
+                match parse_request(&mut buf, limits) {
+                    Request::TooLarge { len: 5, skip } => break skip,
+                    Request::Incomplete => {}
+                    other => panic!("{other:?}"),
+                }
+            };
+            while !skip.advance(&mut buf).unwrap() {
+                buf.extend_from_slice(chunks.next().unwrap());
+            }
+            for c in chunks {
+                buf.extend_from_slice(c);
+            }
+            let Request::Command(c) = parse_request(&mut buf, limits) else { panic!("piece {piece}") };
+            assert_eq!(c.name(), "PING", "piece {piece}");
+        }
         let mut enc = BytesMut::new();
         c.encode(&mut enc);
         assert_eq!(&enc[..], b"*2\r\n$4\r\nping\r\n$5\r\nhello\r\n");

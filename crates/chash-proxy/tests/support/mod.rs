@@ -168,13 +168,70 @@ pub fn config(pool_extra: &str, servers: &[&Memcached]) -> String {
     yml
 }
 
+/// A real twemproxy (Debian's nutcracker) on loopback ports, from a YAML
+/// config whose first `listen:` line is replaced with its own port.
+pub struct Nutcracker {
+    pub port: u16,
+    pub stats_port: u16,
+    child: Child,
+    dir: std::path::PathBuf,
+}
+
+impl Nutcracker {
+    /// Starts it with `-i interval_ms` (stats aggregation).
+    pub fn start(yml: &str, interval_ms: u64) -> Nutcracker {
+        let nutcracker = require("nutcracker", "nutcracker");
+        let (port, stats_port) = (free_port(), free_port());
+        let mut lines: Vec<String> = yml.lines().map(str::to_owned).collect();
+        if let Some(l) = lines.iter_mut().find(|l| l.trim_start().starts_with("listen:")) {
+            *l = format!("  listen: 127.0.0.1:{port}");
+        }
+        let dir = std::env::temp_dir().join(format!("chash-nc-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("nutcracker.yml");
+        std::fs::write(&conf, lines.join("\n") + "\n").unwrap();
+        let child = Command::new(nutcracker)
+            .args(["-c", conf.to_str().unwrap(), "-s", &stats_port.to_string(), "-a", "127.0.0.1"])
+            .args(["-i", &interval_ms.to_string()])
+            .args(["-o", dir.join("nc.log").to_str().unwrap(), "-p", dir.join("nc.pid").to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        wait_listening(port);
+        Nutcracker { port, stats_port, child, dir }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+}
+
+impl Drop for Nutcracker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Everything a stats port sends (it closes after the document).
+pub fn read_stats_port(addr: SocketAddr) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
 /// The proxy running in its own runtime on a background thread.
 pub struct Proxy {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    pub stats: Option<SocketAddr>,
     stop: Option<mpsc::Sender<()>>,
     thread: Option<thread::JoinHandle<()>>,
-    pub handle: std::sync::Arc<chash_proxy::Proxy>,
+    pub handle: std::sync::Arc<chash_proxy::Registry>,
 }
 
 impl Proxy {
@@ -187,7 +244,7 @@ impl Proxy {
         let pools: Vec<_> = config
             .pools
             .iter()
-            .map(|(n, _)| chash_proxy::proxy::PoolSpec {
+            .map(|(n, _)| chash_proxy::PoolSpec {
                 config: config.pool(Some(n)).unwrap(),
                 addresses: Default::default(),
             })
@@ -203,7 +260,8 @@ impl Proxy {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
             rt.block_on(async move {
                 let running = chash_proxy::start(pools, options).await.expect("proxy starts");
-                tx.send((running.listeners[0].1, running.admin.unwrap(), running.proxy.clone())).unwrap();
+                tx.send((running.listeners[0].1, running.admin.unwrap(), running.stats, running.registry.clone()))
+                    .unwrap();
                 tokio::task::spawn_blocking(move || {
                     let _ = stop_rx.recv();
                 })
@@ -212,8 +270,8 @@ impl Proxy {
                 running.shutdown().await;
             });
         });
-        let (addr, admin, handle) = rx.recv_timeout(Duration::from_secs(10)).expect("proxy started");
-        Proxy { addr, admin, stop: Some(stop_tx), thread: Some(thread), handle }
+        let (addr, admin, stats, handle) = rx.recv_timeout(Duration::from_secs(10)).expect("proxy started");
+        Proxy { addr, admin, stats, stop: Some(stop_tx), thread: Some(thread), handle }
     }
 
     pub fn client(&self) -> Client {

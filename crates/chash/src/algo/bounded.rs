@@ -132,38 +132,55 @@ impl<T> Bounded<T> {
     where
         T: Send + Sync,
     {
+        self.acquire_hash_in(hash, |i| &self.loads[i], &self.total)
+    }
+
+    /// As [`acquire_hash`](Bounded::acquire_hash), taking the load in
+    /// counters kept elsewhere: `load(i)` is node `i`'s, `total` their sum.
+    /// For callers whose loads outlive one placement (a proxy whose
+    /// membership changes while requests hold load keeps one counter per
+    /// server, shared by every placement it builds).
+    pub fn acquire_hash_in<'l>(
+        &self,
+        hash: u64,
+        load: impl Fn(usize) -> &'l AtomicU64,
+        total: &AtomicU64,
+    ) -> Option<usize>
+    where
+        T: Send + Sync,
+    {
         let owner = self.ring.locate_hash(hash)?;
-        let total = self.total.load(Ordering::Acquire);
+        let seen = total.load(Ordering::Acquire);
         // The owner first: the common case, and no candidate iterator (which
         // allocates a bit set past 1,024 nodes).
-        if self.try_take(owner, total) {
+        if self.try_take(load(owner), owner, seen, total) {
             return Some(owner);
         }
         for i in self.ring.candidates_hash(hash).skip(1) {
-            if self.try_take(i, total) {
+            if self.try_take(load(i), i, seen, total) {
                 return Some(i);
             }
         }
         // Every node at its cap: only when other threads raced past the
         // total this one saw. The owner takes it.
-        self.loads[owner].fetch_add(1, Ordering::AcqRel);
-        self.total.fetch_add(1, Ordering::AcqRel);
+        load(owner).fetch_add(1, Ordering::AcqRel);
+        total.fetch_add(1, Ordering::AcqRel);
         Some(owner)
     }
 
-    /// Takes one unit on node `i` if it is under its cap for `total`.
+    /// Takes one unit on node `i` (counter `load`) if it is under its cap
+    /// for total load `seen`.
     #[inline]
-    fn try_take(&self, i: usize, total: u64) -> bool
+    fn try_take(&self, load: &AtomicU64, i: usize, seen: u64, total: &AtomicU64) -> bool
     where
         T: Send + Sync,
     {
-        let cap = self.cap(i, total);
-        let load = &self.loads[i];
+        let cap = self.cap(i, seen);
         let mut cur = load.load(Ordering::Relaxed);
         while cur < cap {
             match load.compare_exchange_weak(cur, cur + 1, Ordering::AcqRel, Ordering::Relaxed) {
                 Ok(_) => {
-                    self.total.fetch_add(1, Ordering::AcqRel);
+                    total.fetch_add(1, Ordering::AcqRel);
                     return true;
                 }
                 Err(now) => cur = now,
@@ -326,6 +343,21 @@ mod tests {
         assert!(Bounded::new(ring(2), f64::NAN).is_err());
         let empty = Bounded::new(Ring::new(vec![]).unwrap(), 1.25).unwrap();
         assert_eq!(empty.acquire(b"k"), None);
+    }
+
+    #[test]
+    fn loads_kept_elsewhere_follow_the_same_rule() {
+        let b = Bounded::new(ring(6), 1.1).unwrap();
+        let mine: Vec<AtomicU64> = (0..6).map(|_| AtomicU64::new(0)).collect();
+        let total = AtomicU64::new(0);
+        for k in 0..5_000u32 {
+            let a = b.acquire(&k.to_le_bytes()).unwrap();
+            let hash = b.hasher().hash(&k.to_le_bytes());
+            let c = b.acquire_hash_in(hash, |i| &mine[i], &total).unwrap();
+            assert_eq!(a, c, "key {k}: same loads, same choice");
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 5_000);
+        assert_eq!(b.total_load(), 5_000, "the tracker's own loads were not touched by the other");
     }
 
     #[test]

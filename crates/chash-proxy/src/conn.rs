@@ -1,0 +1,403 @@
+//! Client connections, whatever the protocol: a read loop that hands the
+//! bytes to the protocol's [`Session`] and queues each request's reply, in
+//! request order, to a writer that awaits them one by one (a reply can only
+//! ever go to the connection whose request produced it). Here too: the idle
+//! timeout, the grace period at shutdown, back-pressure on clients that do
+//! not read their replies, and the open-connection count.
+//!
+//! Back-pressure: a connection has at most a window of requests whose
+//! replies it has not been written yet, sized so that the window's replies
+//! (at the connection's average reply size) fit its reply budget
+//! ([`crate::ProxyOptions::client_buffer`]); it also stops reading while
+//! that many reply bytes wait for it. A client that holds many times its
+//! budget in unread replies anyway (requests for small values, then large
+//! ones) is disconnected.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch, Notify};
+
+use crate::backend::{sleep_until_opt, ReplyAccount, ReplyStream, Requester};
+use crate::stats::{PerWorker, PoolCounters};
+
+/// A reply in the making: `None` means nothing is written (noreply).
+pub(crate) type PendingReply = Pin<Box<dyn Future<Output = Option<Out>> + Send>>;
+
+/// A reply ready to be written.
+pub(crate) enum Out {
+    /// All of it.
+    Bytes(Bytes),
+    /// A large reply arriving from its server a chunk at a time.
+    Stream(ReplyStream),
+}
+
+/// A reply whose bytes come whole.
+pub(crate) fn bytes_reply(f: impl Future<Output = Option<Bytes>> + Send + 'static) -> PendingReply {
+    Box::pin(async move { f.await.map(Out::Bytes) })
+}
+
+/// A reply known now.
+pub(crate) fn ready(bytes: &'static [u8]) -> PendingReply {
+    ready_owned(Bytes::from_static(bytes))
+}
+
+/// A reply known now.
+pub(crate) fn ready_owned(bytes: Bytes) -> PendingReply {
+    Box::pin(std::future::ready(Some(Out::Bytes(bytes))))
+}
+
+/// No reply at all.
+pub(crate) fn nothing() -> PendingReply {
+    Box::pin(std::future::ready(None))
+}
+
+/// What a session made of the bytes at the front of the buffer.
+pub(crate) enum Step {
+    /// A request was taken; this is its reply.
+    Reply(PendingReply),
+    /// More bytes are needed.
+    More,
+    /// The connection ends after this reply (if any); `error`: because the
+    /// client sent something that cannot be parsed.
+    Close {
+        /// The last reply.
+        reply: Option<PendingReply>,
+        /// Whether the client caused it by an error.
+        error: bool,
+    },
+}
+
+/// A protocol's side of a client connection: requests from bytes, each
+/// dispatched to its servers at once.
+pub(crate) trait Session: Send {
+    /// Takes the next request from the front of `buf` and sends it on its
+    /// way (waiting only when a server's queue is full).
+    fn next(&mut self, buf: &mut BytesMut) -> impl Future<Output = Step> + Send;
+}
+
+/// Requests a client may have outstanding before the proxy stops reading.
+pub(crate) const MAX_PIPELINE: usize = 1024;
+
+/// The fewest requests a client may have outstanding, whatever its replies
+/// weigh.
+const MIN_WINDOW: usize = 8;
+
+/// A client holding this many times its budget in unread replies is
+/// disconnected.
+pub(crate) const OVERFLOW_FACTOR: usize = 16;
+
+/// How long a connection keeps reading once shutdown begins: requests its
+/// client sent just before are still taken (and answered); then it stops
+/// reading and answers what is in flight.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(100);
+
+static NEXT_CLIENT: AtomicUsize = AtomicUsize::new(0);
+
+/// How a client connection ended, for the counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Close {
+    /// The client closed it or quit.
+    Eof,
+    /// A read error or a request that cannot be parsed.
+    Error,
+    /// It held too many unread replies.
+    Overflow,
+    /// The proxy closed it (idle timeout, shutdown).
+    Proxy,
+}
+
+/// Counts a client connection as open for as long as it lives (a task
+/// cancelled mid-request still gives it back), and how it closed.
+pub(crate) struct ConnGuard {
+    counters: Arc<PerWorker<PoolCounters>>,
+    close: Option<Close>,
+}
+
+impl ConnGuard {
+    /// Counts a new connection of the pool with these counters.
+    pub(crate) fn open(counters: Arc<PerWorker<PoolCounters>>) -> ConnGuard {
+        let c = counters.local();
+        c.curr_connections.fetch_add(1, Relaxed);
+        c.total_connections.fetch_add(1, Relaxed);
+        ConnGuard { counters, close: None }
+    }
+}
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        let c = self.counters.local();
+        c.curr_connections.fetch_sub(1, Relaxed);
+        match self.close {
+            Some(Close::Eof) => c.client_eof.fetch_add(1, Relaxed),
+            Some(Close::Error) => c.client_err.fetch_add(1, Relaxed),
+            Some(Close::Overflow) => c.client_overflows.fetch_add(1, Relaxed),
+            Some(Close::Proxy) | None => 0,
+        };
+    }
+}
+
+/// Settings of one client connection.
+pub(crate) struct ConnSettings {
+    /// Close it when idle this long.
+    pub idle: Option<Duration>,
+    /// Its budget of unread reply bytes.
+    pub budget: usize,
+}
+
+/// A new client connection's requester: its number and reply account.
+pub(crate) fn requester(budget: usize) -> Requester {
+    Requester {
+        affinity: NEXT_CLIENT.fetch_add(1, Relaxed),
+        account: ReplyAccount::new(budget.saturating_mul(OVERFLOW_FACTOR)),
+    }
+}
+
+/// The flow of one connection's requests: how many await their reply's
+/// writing, and the window that bounds them.
+struct Flow {
+    outstanding: AtomicUsize,
+    /// A moving average of the reply size.
+    avg: AtomicUsize,
+    budget: usize,
+    room: Notify,
+}
+
+impl Flow {
+    fn new(budget: usize) -> Flow {
+        let budget = budget.max(1);
+        Flow { outstanding: AtomicUsize::new(0), avg: AtomicUsize::new(budget / 16), budget, room: Notify::new() }
+    }
+
+    fn window(&self) -> usize {
+        (self.budget / self.avg.load(Relaxed).max(1)).clamp(MIN_WINDOW, MAX_PIPELINE)
+    }
+
+    fn has_room(&self, account: &ReplyAccount) -> bool {
+        self.outstanding.load(Relaxed) < self.window() && account.held() < self.budget
+    }
+
+    /// Waits until another request may be taken; false if the client
+    /// overflowed meanwhile.
+    async fn wait_room(&self, account: &ReplyAccount) -> bool {
+        loop {
+            if account.is_overflowed() {
+                return false;
+            }
+            let notified = self.room.notified();
+            if self.has_room(account) {
+                return true;
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = account.overflowed() => return false,
+            }
+        }
+    }
+
+    /// A reply of `bytes` (None: nothing) is out of the window.
+    fn done(&self, bytes: Option<usize>) {
+        if let Some(b) = bytes {
+            let avg = self.avg.load(Relaxed);
+            // avg += (b - avg) / 8
+            let next = if b >= avg { avg + (b - avg) / 8 } else { avg - (avg - b) / 8 };
+            self.avg.store(next, Relaxed);
+        }
+        self.outstanding.fetch_sub(1, Relaxed);
+        self.room.notify_one();
+    }
+}
+
+/// Serves one client connection until it closes, quits, idles out, or the
+/// proxy shuts down (requests in flight are answered first).
+pub(crate) async fn serve<T, S>(
+    stream: T,
+    mut session: S,
+    requester: Requester,
+    settings: ConnSettings,
+    shutdown: watch::Receiver<bool>,
+    mut guard: ConnGuard,
+) where
+    T: AsyncRead + AsyncWrite + Send + 'static,
+    S: Session,
+{
+    let (r, w) = tokio::io::split(stream);
+    let flow = Flow::new(settings.budget);
+    let account = requester.account.clone();
+    let (tx, rx) = mpsc::channel::<PendingReply>(MAX_PIPELINE);
+    let writer = async {
+        let result = tokio::select! {
+            r = write_replies(w, rx, &flow) => r,
+            _ = account.overflowed() => Err(std::io::Error::other("client holds too many unread replies")),
+        };
+        if let Err(e) = result {
+            tracing::debug!("client connection closed: {e}");
+        }
+    };
+    let reader = async {
+        let mut input = Input { r, shutdown, idle: settings.idle, closing: None };
+        let mut buf = BytesMut::with_capacity(16 * 1024);
+        let close = 'conn: loop {
+            match input.read(&mut buf).await {
+                Read::Data => {}
+                Read::End(close) => break close,
+            }
+            loop {
+                if !flow.wait_room(&account).await {
+                    break 'conn Close::Overflow;
+                }
+                let (reply, close) = match session.next(&mut buf).await {
+                    Step::More => break,
+                    Step::Reply(reply) => (Some(reply), None),
+                    Step::Close { reply, error } => (reply, Some(if error { Close::Error } else { Close::Eof })),
+                };
+                if let Some(reply) = reply {
+                    flow.outstanding.fetch_add(1, Relaxed);
+                    if tx.send(reply).await.is_err() {
+                        break 'conn Close::Error;
+                    }
+                }
+                if let Some(close) = close {
+                    break 'conn close;
+                }
+            }
+        };
+        drop(tx);
+        close
+    };
+    let (close, ()) = tokio::join!(reader, writer);
+    guard.close = Some(if account.is_overflowed() { Close::Overflow } else { close });
+}
+
+/// What a read gave.
+enum Read {
+    /// More bytes.
+    Data,
+    /// The end of reading.
+    End(Close),
+}
+
+/// A connection's read side: more bytes until the client closes, idles out
+/// or the proxy shuts down, after which it still reads for
+/// [`SHUTDOWN_GRACE`].
+struct Input<R> {
+    r: R,
+    shutdown: watch::Receiver<bool>,
+    idle: Option<Duration>,
+    closing: Option<tokio::time::Instant>,
+}
+
+impl<R: AsyncRead + Unpin> Input<R> {
+    async fn read(&mut self, buf: &mut BytesMut) -> Read {
+        loop {
+            tokio::select! {
+                n = self.r.read_buf(buf) => return match n {
+                    Ok(0) => Read::End(Close::Eof),
+                    Ok(_) => Read::Data,
+                    Err(_) => Read::End(Close::Error),
+                },
+                _ = self.shutdown.changed(), if self.closing.is_none() => {
+                    self.closing = Some(tokio::time::Instant::now() + SHUTDOWN_GRACE);
+                }
+                _ = sleep_until_opt(self.closing) => return Read::End(Close::Proxy),
+                _ = sleep_opt(self.idle) => return Read::End(Close::Proxy),
+            }
+        }
+    }
+}
+
+async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Polls a future once without a real waker: replies already available are
+/// gathered into one write.
+fn poll_now(f: &mut PendingReply) -> Poll<Option<Out>> {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    f.as_mut().poll(&mut cx)
+}
+
+/// Writes replies in order until the sender is dropped, then shuts the
+/// write side. Runs joined with the connection's reader, in the same task:
+/// a reply becoming ready wakes that task directly, with no hand-off.
+async fn write_replies<W: AsyncWrite + Unpin>(
+    mut w: W,
+    mut rx: mpsc::Receiver<PendingReply>,
+    flow: &Flow,
+) -> std::io::Result<()> {
+    let mut out = BytesMut::with_capacity(16 * 1024);
+    loop {
+        let mut next = match rx.try_recv() {
+            Ok(p) => p,
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                if !out.is_empty() {
+                    w.write_all(&out).await?;
+                    out.clear();
+                }
+                match rx.recv().await {
+                    Some(p) => p,
+                    None => break,
+                }
+            }
+        };
+        let reply = match poll_now(&mut next) {
+            Poll::Ready(b) => b,
+            Poll::Pending => {
+                if !out.is_empty() {
+                    w.write_all(&out).await?;
+                    out.clear();
+                }
+                next.await
+            }
+        };
+        match reply {
+            Some(Out::Bytes(b)) => {
+                flow.done(Some(b.len()));
+                out.extend_from_slice(&b);
+            }
+            Some(Out::Stream(ReplyStream(mut chunks))) => {
+                flow.done(Some(crate::conn::STREAMED_SIZE));
+                if !out.is_empty() {
+                    w.write_all(&out).await?;
+                    out.clear();
+                }
+                loop {
+                    match chunks.recv().await {
+                        Some(chunk) => {
+                            w.write_all(&chunk.data).await?;
+                            if chunk.last {
+                                break;
+                            }
+                        }
+                        // Part of a reply went out and the rest never will:
+                        // the connection cannot go on.
+                        None => return Err(std::io::Error::other("server reply cut short")),
+                    }
+                }
+            }
+            None => flow.done(None),
+        }
+        if out.len() >= 64 * 1024 {
+            w.write_all(&out).await?;
+            out.clear();
+        }
+    }
+    if !out.is_empty() {
+        w.write_all(&out).await?;
+    }
+    w.flush().await?;
+    w.shutdown().await
+}
+
+/// The size a streamed reply counts for in the average: large.
+const STREAMED_SIZE: usize = 1 << 20;

@@ -1,0 +1,371 @@
+//! A memcached client connection: requests parsed from its bytes, each sent
+//! to its server at once; a multi-key get split by server and its reply
+//! reassembled in the client's key order; a get line of any length taken a
+//! segment at a time.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes, BytesMut};
+
+use super::reply::{has_values, is_values, values, LINE, VALUES};
+use super::request::{parse_more_keys, skip_discarded};
+use super::{parse_request, Limits, Parsed, Request, RetrievalCmd};
+use crate::backend::{BackendError, Reply, Requester, Server};
+use crate::conn::{bytes_reply, nothing, ready, ready_owned, PendingReply, Session, Step};
+use crate::options::Shared;
+use crate::pool::Pool;
+
+/// A server's reply that does not fit the request.
+const UNEXPECTED: &[u8] = b"SERVER_ERROR unexpected reply from the server\r\n";
+
+const NO_SERVER: &[u8] = b"SERVER_ERROR no live server in pool\r\n";
+
+fn server_error(server: &Server, e: &BackendError) -> Bytes {
+    Bytes::from(format!("SERVER_ERROR backend {} {e}\r\n", server.id()))
+}
+
+/// One memcached client connection's state.
+pub(crate) struct MemcacheSession {
+    pool: Arc<Pool>,
+    shared: Arc<Shared>,
+    requester: Requester,
+    limits: Limits,
+    /// Bytes of a refused data block still to drop.
+    discard: usize,
+    /// Drop input up to the next `\n` (the rest of a refused get line).
+    skip_line: bool,
+    /// A get line being taken in segments.
+    continuing: Option<(RetrievalCmd, i64)>,
+}
+
+impl MemcacheSession {
+    pub(crate) fn new(pool: Arc<Pool>, shared: Arc<Shared>, requester: Requester) -> MemcacheSession {
+        let o = &shared.options;
+        let limits = Limits { max_value: o.max_value(false), lenient_keys: o.lenient_keys };
+        MemcacheSession { pool, shared, requester, limits, discard: 0, skip_line: false, continuing: None }
+    }
+
+    fn refused(&self, reply: &'static [u8]) -> PendingReply {
+        self.pool.counters().errors.fetch_add(1, Relaxed);
+        ready(reply)
+    }
+}
+
+impl Session for MemcacheSession {
+    async fn next(&mut self, buf: &mut BytesMut) -> Step {
+        if self.skip_line {
+            match memchr::memchr(b'\n', buf) {
+                Some(nl) => {
+                    buf.advance(nl + 1);
+                    self.skip_line = false;
+                }
+                None => {
+                    buf.clear();
+                    return Step::More;
+                }
+            }
+        }
+        if !skip_discarded(buf, &mut self.discard) {
+            return Step::More;
+        }
+        let continuing = self.continuing.take();
+        let parsed = match continuing {
+            Some((cmd, exptime)) => parse_more_keys(buf, cmd, exptime, self.limits),
+            None => parse_request(buf, self.limits),
+        };
+        match parsed {
+            Parsed::Incomplete => {
+                self.continuing = continuing;
+                Step::More
+            }
+            Parsed::Refused { reply, skip, close } => {
+                self.discard = skip;
+                let reply = self.refused(reply);
+                if close {
+                    Step::Close { reply: Some(reply), error: true }
+                } else {
+                    Step::Reply(reply)
+                }
+            }
+            Parsed::RefusedLine { reply } => {
+                self.skip_line = true;
+                Step::Reply(self.refused(reply))
+            }
+            Parsed::Partial(Request::Retrieval { cmd, exptime, keys }) => {
+                self.continuing = Some((cmd, exptime));
+                if continuing.is_none() {
+                    self.count_retrieval();
+                }
+                Step::Reply(self.retrieval(cmd, exptime, keys, false).await)
+            }
+            Parsed::Partial(_) => Step::Reply(ready(b"ERROR\r\n")),
+            Parsed::Request(Request::Quit) => Step::Close { reply: None, error: false },
+            Parsed::Request(Request::Retrieval { cmd, exptime, keys }) if continuing.is_some() => {
+                // The last segment of a long get line.
+                Step::Reply(self.retrieval(cmd, exptime, keys, true).await)
+            }
+            Parsed::Request(req) => Step::Reply(self.dispatch(req).await),
+        }
+    }
+}
+
+impl MemcacheSession {
+    fn count_retrieval(&self) {
+        let c = self.pool.counters();
+        c.requests.fetch_add(1, Relaxed);
+        c.cmd_get.fetch_add(1, Relaxed);
+    }
+
+    /// Sends a request on its way and returns the future of its reply.
+    async fn dispatch(&mut self, req: Request) -> PendingReply {
+        if !matches!(req, Request::Retrieval { .. }) {
+            self.pool.counters().requests.fetch_add(1, Relaxed);
+        }
+        match req {
+            Request::Retrieval { cmd, exptime, keys } => {
+                self.count_retrieval();
+                if keys.len() == 1 {
+                    self.retrieval_one(cmd, exptime, keys).await
+                } else {
+                    self.retrieval(cmd, exptime, keys, true).await
+                }
+            }
+            Request::Storage { .. } | Request::Delete { .. } | Request::Arith { .. } | Request::Touch { .. } => {
+                if matches!(req, Request::Storage { .. }) {
+                    self.pool.counters().cmd_set.fetch_add(1, Relaxed);
+                }
+                self.single_key(req).await
+            }
+            Request::FlushAll { noreply, .. } => self.flush_all(&req, noreply).await,
+            Request::Version => {
+                ready_owned(Bytes::from(format!("VERSION chash-proxy-{}\r\n", env!("CARGO_PKG_VERSION"))))
+            }
+            Request::Verbosity { noreply: true } => nothing(),
+            Request::Verbosity { noreply: false } => ready(b"OK\r\n"),
+            Request::Stats { group } => ready_owned(stats_reply(&self.pool, &self.shared, group.as_deref())),
+            Request::Quit => nothing(),
+        }
+    }
+
+    /// Counts a request answered with an error the proxy made up.
+    fn forward_error(&self) {
+        let c = self.pool.counters();
+        c.errors.fetch_add(1, Relaxed);
+        c.forward_errors.fetch_add(1, Relaxed);
+    }
+
+    async fn single_key(&self, req: Request) -> PendingReply {
+        let noreply = req.noreply();
+        let Some(key) = req.single_key() else { return ready(b"ERROR\r\n") };
+        let Some((server, load)) = self.pool.acquire(key) else {
+            self.forward_error();
+            return if noreply { nothing() } else { ready(NO_SERVER) };
+        };
+        let mut data = BytesMut::new();
+        req.encode(&mut data);
+        let pending = server.submit(data.freeze(), LINE, &self.requester).await;
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let result = server.finish(pending).await;
+            drop(load);
+            let bytes = match result {
+                Ok(Reply::Whole(line)) => line,
+                Ok(Reply::Stream(_)) => Bytes::from_static(UNEXPECTED),
+                Err(e) => {
+                    if !noreply {
+                        let c = pool.counters();
+                        c.errors.fetch_add(1, Relaxed);
+                        c.forward_errors.fetch_add(1, Relaxed);
+                    }
+                    server_error(&server, &e)
+                }
+            };
+            (!noreply).then_some(crate::conn::Out::Bytes(bytes))
+        })
+    }
+
+    /// One key: one server, whose reply is forwarded as it came.
+    async fn retrieval_one(&self, cmd: RetrievalCmd, exptime: i64, keys: Vec<Bytes>) -> PendingReply {
+        self.pool.counters().get_keys.fetch_add(1, Relaxed);
+        let Some((server, load)) = self.pool.acquire(&keys[0]) else {
+            self.forward_error();
+            return ready(NO_SERVER);
+        };
+        let mut data = BytesMut::new();
+        Request::Retrieval { cmd, exptime, keys }.encode(&mut data);
+        let pending = server.submit(data.freeze(), VALUES, &self.requester).await;
+        let pool = self.pool.clone();
+        bytes_reply(async move {
+            let result = server.finish(pending).await;
+            drop(load);
+            let c = pool.counters();
+            match result {
+                Ok(Reply::Whole(raw)) if is_values(&raw) => {
+                    if has_values(&raw) {
+                        c.get_hits.fetch_add(1, Relaxed);
+                    }
+                    Some(raw)
+                }
+                Ok(Reply::Whole(line)) => {
+                    c.errors.fetch_add(1, Relaxed);
+                    Some(line)
+                }
+                Ok(Reply::Stream(_)) => {
+                    c.errors.fetch_add(1, Relaxed);
+                    Some(Bytes::from_static(UNEXPECTED))
+                }
+                Err(e) => {
+                    c.errors.fetch_add(1, Relaxed);
+                    c.forward_errors.fetch_add(1, Relaxed);
+                    Some(server_error(&server, &e))
+                }
+            }
+        })
+    }
+
+    /// Keys on several servers (or a segment of a long get line): one
+    /// request per server, values gathered in the client's key order, and
+    /// `END` when `end`.
+    async fn retrieval(&self, cmd: RetrievalCmd, exptime: i64, keys: Vec<Bytes>, end: bool) -> PendingReply {
+        self.pool.counters().get_keys.fetch_add(keys.len() as u64, Relaxed);
+        // Group the distinct keys by server, in first-seen order.
+        let mut groups: Vec<(Arc<Server>, Vec<Bytes>)> = Vec::new();
+        let mut loads = Vec::new();
+        let mut seen: HashMap<&[u8], ()> = HashMap::new();
+        for key in &keys {
+            if seen.insert(&key[..], ()).is_some() {
+                continue;
+            }
+            let Some((server, load)) = self.pool.acquire(key) else {
+                self.forward_error();
+                return ready(NO_SERVER);
+            };
+            loads.extend(load);
+            match groups.iter_mut().find(|(s, _)| Arc::ptr_eq(s, &server)) {
+                Some((_, ks)) => ks.push(key.clone()),
+                None => groups.push((server, vec![key.clone()])),
+            }
+        }
+        if groups.len() > 1 {
+            self.pool.counters().fragments.fetch_add(groups.len() as u64, Relaxed);
+        }
+        let mut waits = Vec::with_capacity(groups.len());
+        for (server, group_keys) in groups {
+            let mut data = BytesMut::new();
+            Request::Retrieval { cmd, exptime, keys: group_keys }.encode(&mut data);
+            let pending = server.submit(data.freeze(), VALUES, &self.requester).await;
+            waits.push((server, pending));
+        }
+        let pool = self.pool.clone();
+        bytes_reply(async move {
+            let mut found: HashMap<Bytes, Bytes> = HashMap::new();
+            let mut failure: Option<Bytes> = None;
+            let mut forward_error = false;
+            for (server, pending) in waits {
+                match server.finish(pending).await {
+                    Ok(Reply::Whole(raw)) if is_values(&raw) => {
+                        for v in values(&raw) {
+                            found.entry(v.key).or_insert(v.raw);
+                        }
+                    }
+                    Ok(Reply::Whole(line)) => failure = failure.or(Some(line)),
+                    Ok(Reply::Stream(_)) => failure = failure.or(Some(Bytes::from_static(UNEXPECTED))),
+                    Err(e) => {
+                        forward_error = true;
+                        failure = failure.or_else(|| Some(server_error(&server, &e)));
+                    }
+                }
+            }
+            drop(loads);
+            let c = pool.counters();
+            if let Some(f) = failure {
+                c.errors.fetch_add(1, Relaxed);
+                if forward_error {
+                    c.forward_errors.fetch_add(1, Relaxed);
+                }
+                return Some(f);
+            }
+            let mut out = BytesMut::new();
+            let mut hits = 0;
+            for key in &keys {
+                if let Some(raw) = found.get(key) {
+                    out.extend_from_slice(raw);
+                    hits += 1;
+                }
+            }
+            c.get_hits.fetch_add(hits, Relaxed);
+            if end {
+                out.extend_from_slice(b"END\r\n");
+            }
+            Some(out.freeze())
+        })
+    }
+
+    async fn flush_all(&self, req: &Request, noreply: bool) -> PendingReply {
+        let servers: Vec<Arc<Server>> = self.pool.state().members.iter().map(|m| m.server.clone()).collect();
+        let mut data = BytesMut::new();
+        req.encode(&mut data);
+        let data = data.freeze();
+        let mut waits = Vec::new();
+        for server in servers {
+            let pending = server.submit(data.clone(), LINE, &self.requester).await;
+            waits.push((server, pending));
+        }
+        bytes_reply(async move {
+            let mut reply = Bytes::from_static(b"OK\r\n");
+            for (server, pending) in waits {
+                match server.finish(pending).await {
+                    Ok(Reply::Whole(line)) if &line[..] == b"OK\r\n" => {}
+                    Ok(Reply::Whole(line)) => reply = line,
+                    Ok(Reply::Stream(_)) => reply = Bytes::from_static(UNEXPECTED),
+                    Err(e) => reply = server_error(&server, &e),
+                }
+            }
+            (!noreply).then_some(reply)
+        })
+    }
+}
+
+/// The pool's counters in memcached's `stats` format.
+fn stats_reply(pool: &Pool, shared: &Shared, group: Option<&[u8]>) -> Bytes {
+    match group {
+        None => {}
+        Some(b"reset") => {
+            // Counters here feed the admin endpoint too; they are not reset.
+            return Bytes::from_static(b"RESET\r\n");
+        }
+        Some(b"settings") => {
+            let o = &shared.options;
+            return Bytes::from(format!(
+                "STAT item_size_max {}\r\nSTAT idle_timeout {}\r\nEND\r\n",
+                o.max_value(false),
+                o.client_idle_timeout.map_or(0, |d| d.as_secs())
+            ));
+        }
+        // Groups such as items and slabs describe a server's memory, which a
+        // proxy does not have; unknown ones are errors, as in memcached.
+        Some(_) => return Bytes::from_static(b"ERROR\r\n"),
+    }
+    let snap = pool.stats();
+    let mut out = String::new();
+    let mut stat = |name: &str, value: &dyn std::fmt::Display| {
+        use std::fmt::Write as _;
+        let _ = write!(out, "STAT {name} {value}\r\n");
+    };
+    stat("pid", &std::process::id());
+    stat("uptime", &shared.started.elapsed().as_secs());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    stat("time", &now);
+    stat("version", &format!("chash-proxy-{}", env!("CARGO_PKG_VERSION")));
+    stat("pool", &snap.name);
+    for (d, v) in &snap.counters {
+        stat(d.name, v);
+    }
+    stat("get_misses", &snap.get("get_keys").saturating_sub(snap.get("get_hits")));
+    stat("servers", &snap.servers.len());
+    stat("live_servers", &snap.live_servers);
+    out.push_str("END\r\n");
+    Bytes::from(out)
+}

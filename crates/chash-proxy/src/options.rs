@@ -1,0 +1,95 @@
+//! Process-level settings (command-line flags rather than pool settings),
+//! shared by every connection.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Default largest value accepted from memcached clients (memcached's
+/// default item size).
+pub const DEFAULT_MAX_VALUE: usize = 1024 * 1024;
+
+/// Default largest argument accepted from Redis clients: four times the
+/// largest values twemproxy's own tests store; a value is held whole while
+/// it is received (see the README).
+pub const DEFAULT_MAX_REDIS_VALUE: usize = 64 << 20;
+
+/// Default time a graceful shutdown waits for in-flight requests.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
+
+/// Default budget of reply bytes a client may leave unread before the
+/// proxy stops reading its requests.
+pub const DEFAULT_CLIENT_BUFFER: usize = 4 << 20;
+
+/// Default interval of twemproxy's stats aggregation (its `-i`).
+pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Process-level options.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ProxyOptions {
+    /// The admin HTTP endpoint's address (`None`: none). Defaults to none.
+    pub admin_addr: Option<SocketAddr>,
+    /// Where twemproxy's stats document is served (`None`: not served).
+    /// Defaults to none.
+    pub stats_addr: Option<SocketAddr>,
+    /// How often the stats document's counters are refreshed. Defaults to
+    /// 30 s, as twemproxy's.
+    pub stats_interval: Duration,
+    /// Largest value (memcached) or argument (Redis) accepted from clients;
+    /// larger ones are refused without being buffered. `None`: 1 MiB for
+    /// memcached pools, 64 MiB for Redis pools.
+    pub max_value_size: Option<usize>,
+    /// Close client connections idle this long. Defaults to never.
+    pub client_idle_timeout: Option<Duration>,
+    /// Reply bytes a client may leave unread before the proxy stops
+    /// reading its requests (16 times that and it is disconnected).
+    /// Defaults to 4 MiB.
+    pub client_buffer: usize,
+    /// The config file, for reloads (SIGHUP, `POST /reload`).
+    pub config_path: Option<PathBuf>,
+    /// How long a graceful shutdown waits for in-flight requests. Defaults
+    /// to 5 s.
+    pub drain: Duration,
+    /// Accept keys with control bytes, as memcached and twemproxy do
+    /// (protocol.txt forbids them; refused by default).
+    pub lenient_keys: bool,
+    /// Worker threads, each a single-threaded runtime with its own client
+    /// and backend connections (see the `workers` module). `None`: no
+    /// worker threads; connections run on the runtime that calls
+    /// [`start`](crate::start).
+    pub threads: Option<usize>,
+}
+
+impl Default for ProxyOptions {
+    fn default() -> Self {
+        ProxyOptions {
+            admin_addr: None,
+            stats_addr: None,
+            stats_interval: DEFAULT_STATS_INTERVAL,
+            max_value_size: None,
+            client_idle_timeout: None,
+            client_buffer: DEFAULT_CLIENT_BUFFER,
+            config_path: None,
+            drain: DEFAULT_DRAIN,
+            lenient_keys: false,
+            threads: None,
+        }
+    }
+}
+
+impl ProxyOptions {
+    /// The largest value a pool's clients may send.
+    pub fn max_value(&self, redis: bool) -> usize {
+        self.max_value_size.unwrap_or(if redis { DEFAULT_MAX_REDIS_VALUE } else { DEFAULT_MAX_VALUE })
+    }
+}
+
+/// Process-wide settings and state shared by every connection.
+#[derive(Debug)]
+pub struct Shared {
+    /// The options the proxy was started with.
+    pub options: ProxyOptions,
+    /// When it started.
+    pub started: Instant,
+}

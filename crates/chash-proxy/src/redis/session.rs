@@ -1,0 +1,403 @@
+//! A Redis client connection: commands parsed from its bytes and sent to
+//! their servers at once, multi-key commands split by server and their
+//! replies reassembled, and the commands the proxy answers itself.
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+
+use super::command::{key_positions, route, Route};
+use super::resp::{
+    array_items, bulk, error, integer, parse_request, Command, Request, RespLimits, Skip, STREAMED, WHOLE,
+};
+use crate::backend::{BackendError, Reply, Requester, Server};
+use crate::conn::{bytes_reply, ready, ready_owned, Out, PendingReply, Session, Step};
+use crate::options::Shared;
+use crate::pool::Pool;
+
+/// One Redis client connection's state.
+pub(crate) struct RedisSession {
+    pool: Arc<Pool>,
+    shared: Arc<Shared>,
+    requester: Requester,
+    limits: RespLimits,
+    authed: bool,
+    /// The rest of a refused command, dropped as it arrives.
+    skip: Option<Skip>,
+}
+
+impl RedisSession {
+    pub(crate) fn new(pool: Arc<Pool>, shared: Arc<Shared>, requester: Requester) -> RedisSession {
+        let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value(true).max(512) };
+        let authed = pool.settings.redis_auth.is_none();
+        RedisSession { pool, shared, requester, limits, authed, skip: None }
+    }
+}
+
+impl Session for RedisSession {
+    async fn next(&mut self, buf: &mut BytesMut) -> Step {
+        if let Some(skip) = &mut self.skip {
+            match skip.advance(buf) {
+                Ok(true) => self.skip = None,
+                Ok(false) => return Step::More,
+                Err(msg) => return Step::Close { reply: Some(err(&self.pool, format!("ERR {msg}"))), error: true },
+            }
+        }
+        match parse_request(buf, self.limits) {
+            Request::Incomplete => Step::More,
+            Request::Error(msg) => Step::Close { reply: Some(err(&self.pool, format!("ERR {msg}"))), error: true },
+            Request::TooLarge { len, skip } => {
+                self.skip = Some(skip);
+                self.pool.counters().requests.fetch_add(1, Relaxed);
+                Step::Reply(err(
+                    &self.pool,
+                    format!(
+                        "ERR argument of {len} bytes is over chash-proxy's limit of {} bytes (chash proxy \
+                         --max-value-size)",
+                        self.limits.max_bulk
+                    ),
+                ))
+            }
+            Request::Command(cmd) => {
+                self.pool.counters().requests.fetch_add(1, Relaxed);
+                let quit = cmd.args[0].eq_ignore_ascii_case(b"QUIT");
+                let reply = self.dispatch(cmd).await;
+                if quit {
+                    Step::Close { reply: Some(reply), error: false }
+                } else {
+                    Step::Reply(reply)
+                }
+            }
+        }
+    }
+}
+
+fn err(pool: &Pool, msg: String) -> PendingReply {
+    pool.counters().errors.fetch_add(1, Relaxed);
+    ready_owned(error(&msg))
+}
+
+/// An error the proxy made up because no server could answer.
+fn forward_error(pool: &Pool, msg: String) -> Bytes {
+    let c = pool.counters();
+    c.errors.fetch_add(1, Relaxed);
+    c.forward_errors.fetch_add(1, Relaxed);
+    error(&msg)
+}
+
+fn arity(name: &str) -> String {
+    format!("ERR wrong number of arguments for '{}' command", name.to_ascii_lowercase())
+}
+
+impl RedisSession {
+    async fn dispatch(&mut self, cmd: Command) -> PendingReply {
+        let pool = &self.pool;
+        let mut name_buf = [0u8; 32];
+        let name: &str = cmd.name_in(&mut name_buf);
+        if !self.authed && !matches!(name, "AUTH" | "HELLO" | "QUIT") {
+            return err(pool, "NOAUTH Authentication required.".into());
+        }
+        match route(name) {
+            Route::Proxy => self.proxy_command(name, &cmd),
+            Route::Refused(why) => {
+                err(pool, format!("ERR '{}' is not supported by chash-proxy: {why}", cmd.name().to_ascii_lowercase()))
+            }
+            Route::Single => match cmd.args.get(1).cloned() {
+                Some(key) => self.forward(&key, cmd).await,
+                None => err(pool, arity(name)),
+            },
+            r @ (Route::Together { .. } | Route::Eval) => {
+                let Some(positions) = key_positions(r, &cmd.args) else {
+                    return err(
+                        pool,
+                        if r == Route::Eval {
+                            format!("ERR '{}' without keys cannot be routed by chash-proxy", name.to_ascii_lowercase())
+                        } else {
+                            arity(name)
+                        },
+                    );
+                };
+                let state = pool.state();
+                let mut server: Option<Arc<Server>> = None;
+                for p in positions {
+                    let Some(s) = state.server_for(&cmd.args[p]) else {
+                        return ready_owned(forward_error(pool, "ERR no live server in pool".into()));
+                    };
+                    match &server {
+                        Some(first) if !Arc::ptr_eq(first, s) => {
+                            return err(
+                                pool,
+                                format!(
+                                    "ERR '{}' keys are on different servers; keys used together need a common hash \
+                                     tag such as {{user:1}} (pool hash_tag)",
+                                    name.to_ascii_lowercase()
+                                ),
+                            );
+                        }
+                        _ => server = Some(s.clone()),
+                    }
+                }
+                drop(state);
+                match server {
+                    Some(s) => self.send(s, cmd).await,
+                    None => err(pool, arity(name)),
+                }
+            }
+            Route::Mget => self.split(cmd, 1, 1, Gather::InOrder).await,
+            Route::Mset => {
+                if cmd.args.len() < 3 || cmd.args.len().is_multiple_of(2) {
+                    return err(pool, arity(name));
+                }
+                self.split(cmd, 1, 2, Gather::AllOk).await
+            }
+            Route::Sum => {
+                if cmd.args.len() < 2 {
+                    return err(pool, arity(name));
+                }
+                self.split(cmd, 1, 1, Gather::Sum).await
+            }
+        }
+    }
+
+    fn proxy_command(&mut self, name: &str, cmd: &Command) -> PendingReply {
+        let pool = &self.pool;
+        let args = &cmd.args;
+        match name {
+            "PING" => match args.len() {
+                1 => ready(b"+PONG\r\n"),
+                2 => ready_owned(bulk(&args[1])),
+                _ => err(pool, arity(name)),
+            },
+            "ECHO" if args.len() == 2 => ready_owned(bulk(&args[1])),
+            "QUIT" => ready(b"+OK\r\n"),
+            // Enough for redis-cli: no command documentation to offer.
+            "COMMAND" => ready(b"*0\r\n"),
+            "INFO" => ready_owned(bulk(info(pool, &self.shared).as_bytes())),
+            "SELECT" if args.len() == 2 => {
+                if std::str::from_utf8(&args[1]).ok().and_then(|d| d.parse::<u32>().ok())
+                    == Some(pool.settings.redis_db)
+                {
+                    ready(b"+OK\r\n")
+                } else {
+                    err(pool, format!("ERR this pool serves database {} only (redis_db)", pool.settings.redis_db))
+                }
+            }
+            "AUTH" if args.len() == 2 || args.len() == 3 => self.auth(&args[args.len() - 1]),
+            "HELLO" => {
+                let mut i = 1;
+                if let Some(v) = args.get(1) {
+                    if &v[..] != b"2" {
+                        return err(pool, "NOPROTO this proxy speaks RESP2 only (HELLO 2)".into());
+                    }
+                    i = 2;
+                }
+                while i < args.len() {
+                    match String::from_utf8_lossy(&args[i]).to_ascii_uppercase().as_str() {
+                        "AUTH" if i + 2 < args.len() => {
+                            let reply = self.auth(&args[i + 2]);
+                            if !self.authed {
+                                return reply;
+                            }
+                            i += 3;
+                        }
+                        "SETNAME" if i + 1 < args.len() => i += 2,
+                        _ => return err(&self.pool, "ERR syntax error in HELLO".into()),
+                    }
+                }
+                if !self.authed {
+                    return err(&self.pool, "NOAUTH HELLO must be called with the client's password".into());
+                }
+                // A flat RESP2 array of field, value pairs; proto is an integer, as Redis sends it.
+                let mut frame = BytesMut::new();
+                frame.extend_from_slice(b"*10\r\n");
+                for part in [&b"server"[..], b"chash-proxy", b"version", env!("CARGO_PKG_VERSION").as_bytes(), b"proto"]
+                {
+                    frame.extend_from_slice(&bulk(part));
+                }
+                frame.extend_from_slice(b":2\r\n");
+                for part in [&b"mode"[..], b"proxy", b"role", b"master"] {
+                    frame.extend_from_slice(&bulk(part));
+                }
+                ready_owned(frame.freeze())
+            }
+            _ => err(pool, arity(name)),
+        }
+    }
+
+    fn auth(&mut self, password: &[u8]) -> PendingReply {
+        let pool = &self.pool;
+        match &pool.settings.redis_auth {
+            None => err(
+                pool,
+                "ERR AUTH <password> called without any password configured for the default user. Are you sure \
+                 your configuration is correct?"
+                    .into(),
+            ),
+            Some(pw) if pw.as_bytes() == password => {
+                self.authed = true;
+                ready(b"+OK\r\n")
+            }
+            Some(_) => {
+                self.authed = false;
+                err(pool, "WRONGPASS invalid username-password pair or user is disabled.".into())
+            }
+        }
+    }
+
+    async fn forward(&self, key: &[u8], cmd: Command) -> PendingReply {
+        let Some((server, load)) = self.pool.acquire(key) else {
+            return ready_owned(forward_error(&self.pool, "ERR no live server in pool".into()));
+        };
+        let reply = self.send(server, cmd).await;
+        Box::pin(async move {
+            let r = reply.await;
+            drop(load);
+            r
+        })
+    }
+
+    async fn send(&self, server: Arc<Server>, cmd: Command) -> PendingReply {
+        let pending = server.submit(cmd.wire(), STREAMED, &self.requester).await;
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            match server.finish(pending).await {
+                Ok(Reply::Whole(frame)) => Some(Out::Bytes(frame)),
+                Ok(Reply::Stream(stream)) => {
+                    pool.counters().streamed_replies.fetch_add(1, Relaxed);
+                    Some(Out::Stream(stream))
+                }
+                Err(e) => Some(Out::Bytes(forward_error(&pool, format!("ERR backend {} {e}", server.id())))),
+            }
+        })
+    }
+
+    /// Splits a multi-key command by server: keys from argument `first`,
+    /// each followed by `step - 1` values.
+    async fn split(&self, cmd: Command, first: usize, step: usize, gather: Gather) -> PendingReply {
+        let pool = &self.pool;
+        let name = cmd.args[0].clone();
+        let state = pool.state();
+        // (server, argument groups, client positions)
+        let mut groups: Vec<(Arc<Server>, Vec<Bytes>, Vec<usize>)> = Vec::new();
+        for (slot, at) in (first..cmd.args.len()).step_by(step).enumerate() {
+            let Some(server) = state.server_for(&cmd.args[at]) else {
+                return ready_owned(forward_error(pool, "ERR no live server in pool".into()));
+            };
+            let g = match groups.iter().position(|g| Arc::ptr_eq(&g.0, server)) {
+                Some(i) => i,
+                None => {
+                    groups.push((server.clone(), vec![name.clone()], Vec::new()));
+                    groups.len() - 1
+                }
+            };
+            groups[g].1.extend_from_slice(&cmd.args[at..at + step]);
+            groups[g].2.push(slot);
+        }
+        drop(state);
+        if groups.len() == 1 {
+            // One server: the command goes as it came, and its reply (in the
+            // client's key order already) comes back as the server sends it,
+            // streamed when large.
+            let server = groups.swap_remove(0).0;
+            return self.send(server, cmd).await;
+        }
+        pool.counters().fragments.fetch_add(groups.len() as u64, Relaxed);
+        let total = (cmd.args.len() - first) / step;
+        let mut waits = Vec::with_capacity(groups.len());
+        for (server, args, slots) in groups {
+            let pending = server.submit(Command::new(args).wire(), WHOLE, &self.requester).await;
+            waits.push((server, pending, slots));
+        }
+        let pool = pool.clone();
+        bytes_reply(async move {
+            let mut items: Vec<Option<Bytes>> = vec![None; total];
+            let mut sum = 0i64;
+            for (server, pending, slots) in waits {
+                let frame = match server.finish(pending).await {
+                    Ok(Reply::Whole(f)) => f,
+                    Ok(Reply::Stream(_)) => {
+                        pool.counters().errors.fetch_add(1, Relaxed);
+                        return Some(error("ERR backend sent an unexpected reply"));
+                    }
+                    Err(BackendError::TooLarge(limit)) => {
+                        pool.counters().errors.fetch_add(1, Relaxed);
+                        return Some(error(&format!(
+                            "ERR reply from {} too large to combine with other servers' (over {limit} bytes): \
+                             ask per server",
+                            server.id()
+                        )));
+                    }
+                    Err(e) => return Some(forward_error(&pool, format!("ERR backend {} {e}", server.id()))),
+                };
+                if frame.starts_with(b"-") {
+                    return Some(frame);
+                }
+                match gather {
+                    Gather::InOrder => {
+                        let Some(parts) = array_items(&frame).filter(|p| p.len() == slots.len()) else {
+                            return Some(error("ERR backend sent an unexpected reply"));
+                        };
+                        for (slot, part) in slots.into_iter().zip(parts) {
+                            items[slot] = Some(part);
+                        }
+                    }
+                    Gather::AllOk => {}
+                    Gather::Sum => sum += integer(&frame).unwrap_or(0),
+                }
+            }
+            Some(match gather {
+                Gather::InOrder => {
+                    let mut out = BytesMut::new();
+                    out.extend_from_slice(format!("*{total}\r\n").as_bytes());
+                    for item in items {
+                        out.extend_from_slice(item.as_deref().unwrap_or(b"$-1\r\n"));
+                    }
+                    out.freeze()
+                }
+                Gather::AllOk => Bytes::from_static(b"+OK\r\n"),
+                Gather::Sum => Bytes::from(format!(":{sum}\r\n")),
+            })
+        })
+    }
+}
+
+/// How split replies come back together.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gather {
+    /// Array items in the client's key order (MGET).
+    InOrder,
+    /// `+OK` when every part is (MSET).
+    AllOk,
+    /// Integers added up (DEL, EXISTS, ...).
+    Sum,
+}
+
+/// The pool's counters in the format of Redis's `INFO`.
+fn info(pool: &Pool, shared: &Shared) -> String {
+    use std::fmt::Write as _;
+    let snap = pool.stats();
+    let mut text = String::from("# Proxy\r\n");
+    let _ = write!(
+        text,
+        "proxy:chash-proxy\r\nversion:{}\r\npool:{}\r\ndistribution:{}\r\nservers:{}\r\nlive_servers:{}\r\n\
+         uptime_in_seconds:{}\r\n",
+        env!("CARGO_PKG_VERSION"),
+        snap.name,
+        snap.distribution,
+        snap.servers.len(),
+        snap.live_servers,
+        shared.started.elapsed().as_secs(),
+    );
+    // Redis's names for what both count.
+    let _ = write!(
+        text,
+        "connected_clients:{}\r\ntotal_commands_processed:{}\r\n# Stats\r\n",
+        snap.get("curr_connections"),
+        snap.get("requests")
+    );
+    for (d, v) in &snap.counters {
+        let _ = write!(text, "{}:{v}\r\n", d.name);
+    }
+    text
+}
