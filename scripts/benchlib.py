@@ -58,5 +58,7 @@ def start_chash(chash, config, extra, fixed_args):
     binary = chash
     if extra.startswith("@"):
         binary, _, extra = extra[1:].partition(" ")
-    return subprocess.Popen([binary, "proxy", "-c", config, "--no-admin", "-v", "3"] + fixed_args + extra.split(),
+    # The stats port on a free loopback port, as nutcracker gets one.
+    return subprocess.Popen([binary, "proxy", "-c", config, "--no-admin", "-s", "0", "-a", "127.0.0.1", "-v", "3"]
+                            + fixed_args + extra.split(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

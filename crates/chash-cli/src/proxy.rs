@@ -246,7 +246,8 @@ impl Log {
         let next = now.saturating_add_signed(by).min(11);
         self.verbosity.store(next, Relaxed);
         let _ = self.level.modify(|l| *l = level_of(next));
-        tracing::info!("log level {now} -> {next} ({})", level_of(next));
+        // At warning level, so that lowering the level still says so.
+        tracing::warn!("log level {now} -> {next} ({})", level_of(next));
     }
 }
 
@@ -282,6 +283,7 @@ pub fn run(args: ProxyArgs) -> Result<()> {
         // The background process of -d: a session of its own, no terminal.
         let _ = nix::unistd::setsid();
     }
+    die_on_sigsegv();
     let log = Log::init(args.verbosity, args.output.as_deref())?;
     // Client and server connections run on the worker threads (one
     // single-threaded runtime each); this one accepts connections and runs
@@ -292,6 +294,18 @@ pub fn run(args: ProxyArgs) -> Result<()> {
         .build()
         .context("cannot start the runtime")?;
     runtime.block_on(serve(args, log))
+}
+
+/// Gives SIGSEGV its default action back: the process dies of it (and can
+/// dump core), as twemproxy does after logging. Rust's runtime handles it to
+/// report stack overflows, and a SIGSEGV sent with `kill` would otherwise
+/// be swallowed once.
+#[allow(unsafe_code)]
+fn die_on_sigsegv() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: installs the default disposition, no handler code runs; done
+    // before any other thread that could race on signal dispositions.
+    let _ = unsafe { signal(Signal::SIGSEGV, SigHandler::SigDfl) };
 }
 
 /// `-d`: starts the same command again in the background and returns once

@@ -180,3 +180,244 @@ fn test_conf_checks_a_file() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("colour"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A temporary directory, removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("chash-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn path(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits (at most 10 s) until `file` holds `text` `times` times.
+fn wait_for_log(file: &std::path::Path, text: &str, times: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = std::fs::read_to_string(file).unwrap_or_default();
+        if log.matches(text).count() >= times {
+            return log;
+        }
+        assert!(Instant::now() < deadline, "{} never showed {text:?} {times} times:\n{log}", file.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `-o` logs to a file that SIGHUP reopens (logrotate moves it, then
+/// signals), `-p` writes the pid and removes it on exit, SIGTTIN/SIGTTOU
+/// move the log level by one, SIGUSR1/SIGUSR2 are ignored (SIGUSR1 used to
+/// kill the proxy).
+#[test]
+fn log_file_pid_file_and_signals() {
+    let dir = TempDir::new("signals");
+    let (log, rotated, pid) = (dir.path("proxy.log"), dir.path("proxy.log.1"), dir.path("proxy.pid"));
+    let mut proxy = ProxyProcess::start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "-s",
+        "0",
+        "-v",
+        "5",
+        "-o",
+        log.to_str().unwrap(),
+        "-p",
+        pid.to_str().unwrap(),
+    ]);
+    assert_eq!(std::fs::read_to_string(&pid).unwrap().trim(), proxy.child.id().to_string());
+    wait_for_log(&log, "serving memcached", 1);
+    for sig in ["-USR1", "-USR2"] {
+        proxy.signal(sig);
+    }
+    wait_for_log(&log, "SIGUSR2 received: ignored", 1);
+    assert_eq!(talk(proxy.listen, b"version\r\n", 1).split_whitespace().next(), Some("VERSION"));
+    // Down to warnings: SIGHUP's info line is not logged.
+    proxy.signal("-TTOU");
+    wait_for_log(&log, "log level 5 -> 4", 1);
+    proxy.signal("-HUP");
+    proxy.signal("-TTIN");
+    wait_for_log(&log, "log level 4 -> 5", 1);
+    // logrotate: move the file, then SIGHUP; later lines go to a new file.
+    std::fs::rename(&log, &rotated).unwrap();
+    proxy.signal("-HUP");
+    wait_for_log(&rotated, "SIGHUP received", 1);
+    proxy.signal("-TTIN");
+    wait_for_log(&log, "log level 5 -> 6", 1);
+    let old = std::fs::read_to_string(&rotated).unwrap();
+    assert_eq!(old.matches("SIGHUP received").count(), 1, "at level 4 the first SIGHUP was not logged:\n{old}");
+    proxy.signal("-TERM");
+    assert_eq!(proxy.wait_exit(Duration::from_secs(10)), Some(0));
+    assert!(!pid.exists(), "the pid file is removed on exit");
+    wait_for_log(&log, "stopped", 1);
+}
+
+/// SIGSEGV is not swallowed: the process dies of it (and can dump core).
+#[test]
+fn sigsegv_is_not_swallowed() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut proxy = ProxyProcess::start(&["--listen", "127.0.0.1:0", "-s", "0"]);
+    proxy.signal("-SEGV");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = proxy.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "still running after SIGSEGV");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.signal(), Some(11), "{status:?}");
+}
+
+/// The pid of a process that is still running (not a zombie).
+fn running(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") Z "))
+}
+
+/// `-d` returns once the proxy serves, leaving it running in the
+/// background with its pid in the pid file; a start-up error is reported
+/// by the command itself.
+#[test]
+fn daemonize_returns_once_serving() {
+    let dir = TempDir::new("daemon");
+    let (log, pid) = (dir.path("proxy.log"), dir.path("proxy.pid"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let listen = format!("127.0.0.1:{port}");
+    let out = Command::new(env!("CARGO_BIN_EXE_chash"))
+        .args(["proxy", "-d", "--listen", &listen, "--admin", "127.0.0.1:0", "-s", "0", "-a", "127.0.0.1"])
+        .args(["-o", log.to_str().unwrap(), "-p", pid.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let daemon = std::fs::read_to_string(&pid).unwrap().trim().to_owned();
+    assert!(running(&daemon));
+    // Serving already: no wait.
+    let addr: SocketAddr = listen.parse().unwrap();
+    assert_eq!(talk(addr, b"set d 0 0 1\r\n1\r\n", 1), "STORED\r\n");
+    assert!(Command::new("kill").args(["-TERM", &daemon]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running(&daemon) || pid.exists() {
+        assert!(Instant::now() < deadline, "the daemon did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for_log(&log, "stopped", 1);
+    // A start-up error comes back to the command.
+    let bad = dir.path("bad.yml");
+    std::fs::write(&bad, "alpha:\n  listen: 127.0.0.1:1\n  colour: red\n  servers:\n   - 127.0.0.1:11211:1\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_chash"))
+        .args(["proxy", "-d", "-c", bad.to_str().unwrap(), "--admin", "127.0.0.1:0", "-s", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("colour"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// nutcracker's other flags: `-D` describes the stats fields, `-m` is
+/// accepted within nutcracker's bounds, `-V` prints the version.
+#[test]
+fn describe_stats_mbuf_and_version() {
+    let chash = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_chash")).arg("proxy").args(args).output().unwrap();
+    let out = chash(&["-D"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    for field in ["pool stats:", "client_eof", "forward_error", "server stats:", "server_ejected_at", "out_queue_bytes"]
+    {
+        assert!(text.contains(field), "{field} missing:\n{text}");
+    }
+    let dir = TempDir::new("flags");
+    let good = dir.path("good.yml");
+    std::fs::write(&good, "alpha:\n  listen: 127.0.0.1:22121\n  servers:\n   - 127.0.0.1:11211:1\n").unwrap();
+    assert!(chash(&["-m", "16384", "-t", "-c", good.to_str().unwrap()]).status.success());
+    let out = chash(&["-m", "100", "-t", "-c", good.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("512"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = chash(&["-V"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+/// Debian's systemd unit for nutcracker runs chash with only the binary's
+/// path changed (a `nutcracker` symlink to chash): the unit's ExecStart
+/// with its $DAEMON_OPTS, logrotate's move-and-SIGHUP, and systemd's
+/// SIGTERM on stop.
+#[test]
+fn debian_nutcracker_unit_runs_with_the_path_changed() {
+    let unit_file = "/lib/systemd/system/nutcracker.service";
+    let unit = std::fs::read_to_string(unit_file)
+        .unwrap_or_else(|e| panic!("{unit_file}: {e} (scripts/test installs Debian's nutcracker package)"));
+    let exec = unit.lines().find_map(|l| l.strip_prefix("ExecStart=")).expect("ExecStart");
+    assert!(unit.contains("EnvironmentFile=-/etc/default/nutcracker"), "{unit}");
+    let dir = TempDir::new("unit");
+    let nutcracker = dir.path("nutcracker");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_chash"), &nutcracker).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let stats = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // The backend: an embedded shard of another chash proxy.
+    let backend = ProxyProcess::start(&["--listen", "127.0.0.1:0", "-s", "0"]);
+    let conf = dir.path("nutcracker.yml");
+    std::fs::write(&conf, format!("alpha:\n  listen: 127.0.0.1:{port}\n  servers:\n   - {}:1\n", backend.listen))
+        .unwrap();
+    let log = dir.path("nutcracker.log");
+    // /etc/default/nutcracker, as an operator writes it for nutcracker.
+    let daemon_opts = format!("-c {} -o {} -s {stats} -a 127.0.0.1 -v 6", conf.display(), log.display());
+    // systemd: $DAEMON_OPTS is split on whitespace.
+    let argv: Vec<String> = exec
+        .split_whitespace()
+        .flat_map(|w| match w {
+            "$DAEMON_OPTS" => daemon_opts.split_whitespace().map(str::to_owned).collect(),
+            "/usr/sbin/nutcracker" => vec![nutcracker.to_str().unwrap().to_owned()],
+            other => vec![other.to_owned()],
+        })
+        .collect();
+    assert_eq!(argv[0], nutcracker.to_str().unwrap(), "ExecStart names /usr/sbin/nutcracker: {exec}");
+    let mut child = Command::new(&argv[0])
+        .args(&argv[1..])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let _stop = KillOnDrop(child.id());
+    wait_for_log(&log, "serving memcached", 1);
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    assert_eq!(talk(addr, b"set u 0 0 1\r\n1\r\n", 1), "STORED\r\n");
+    let mut doc = String::new();
+    TcpStream::connect(("127.0.0.1", stats)).unwrap().read_to_string(&mut doc).unwrap();
+    assert!(doc.starts_with("{\"service\":") && doc.contains("\"alpha\": {"), "{doc}");
+    // logrotate: move, then the reload (SIGHUP).
+    std::fs::rename(&log, dir.path("nutcracker.log.1")).unwrap();
+    assert!(Command::new("kill").args(["-HUP", &child.id().to_string()]).status().unwrap().success());
+    wait_for_log(&dir.path("nutcracker.log.1"), "SIGHUP received", 1);
+    assert_eq!(talk(addr, b"get u\r\n", 3), "VALUE u 0 1\r\n1\r\nEND\r\n");
+    // systemctl stop: SIGTERM, then a clean exit.
+    assert!(Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    wait_for_log(&log, "stopped", 1);
+}
+
+/// Kills a process by pid when dropped (a test that fails midway).
+struct KillOnDrop(u32);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-KILL", &self.0.to_string()]).status();
+    }
+}

@@ -87,7 +87,10 @@ pub(crate) const MAX_PIPELINE: usize = 1024;
 
 /// The fewest requests a client may have outstanding, whatever its replies
 /// weigh.
-const MIN_WINDOW: usize = 8;
+const MIN_WINDOW: usize = 2;
+
+/// A new connection's window, before its replies have been weighed.
+const FIRST_WINDOW: usize = 8;
 
 /// A client holding this many times its budget in unread replies is
 /// disconnected.
@@ -172,7 +175,12 @@ struct Flow {
 impl Flow {
     fn new(budget: usize) -> Flow {
         let budget = budget.max(1);
-        Flow { outstanding: AtomicUsize::new(0), avg: AtomicUsize::new(budget / 16), budget, room: Notify::new() }
+        Flow {
+            outstanding: AtomicUsize::new(0),
+            avg: AtomicUsize::new(budget / FIRST_WINDOW),
+            budget,
+            room: Notify::new(),
+        }
     }
 
     fn window(&self) -> usize {

@@ -695,3 +695,48 @@ fn connection_limit_and_idle_timeout() {
     let stats = proxy.handle.pools()[0].stats().get("rejected_connections");
     assert!(stats >= 1);
 }
+
+/// One list of counters, four renderings: memcached's `stats`, the admin
+/// endpoint's JSON and Prometheus text, and twemproxy's document (its own
+/// fields) all carry every counter the pool has.
+#[test]
+fn every_rendering_carries_every_counter() {
+    let mc = memcacheds(1);
+    let mut options = chash_proxy::ProxyOptions::default();
+    options.stats_addr = Some("127.0.0.1:0".parse().unwrap());
+    options.stats_interval = Duration::from_millis(50);
+    let proxy = Proxy::start_with(&support::config("", &refs(&mc)), options, None);
+    let mut c = proxy.client();
+    assert_eq!(c.set("k", b"v"), "STORED\r\n");
+    let snapshot = &proxy.handle.stats()[0];
+    let pool_names: Vec<&str> = snapshot.counters.iter().map(|(d, _)| d.name).collect();
+    let server_names: Vec<&str> = snapshot.servers[0].counters.iter().map(|(d, _)| d.name).collect();
+    assert!(pool_names.len() >= 15 && server_names.len() >= 15);
+    c.send(b"stats\r\n");
+    let mut stats = String::new();
+    loop {
+        let line = c.line();
+        if line == "END\r\n" {
+            break;
+        }
+        stats.push_str(&line);
+    }
+    let (_, json) = proxy.admin("GET", "/stats", "");
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let (_, metrics) = proxy.admin("GET", "/metrics", "");
+    for name in &pool_names {
+        assert!(stats.contains(&format!("STAT {name} ")), "memcached stats lacks {name}:\n{stats}");
+        assert!(json["pools"][0].get(name).is_some(), "JSON lacks {name}");
+        assert!(metrics.contains(&format!("chash_pool_{name}")), "Prometheus lacks {name}");
+    }
+    for name in &server_names {
+        assert!(json["pools"][0]["servers"][0].get(name).is_some(), "JSON lacks server {name}");
+        assert!(metrics.contains(&format!("chash_server_{name}")), "Prometheus lacks server {name}");
+    }
+    thread::sleep(Duration::from_millis(200));
+    let doc = support::read_stats_port(proxy.stats.unwrap());
+    for field in ["client_eof", "forward_error", "fragments", "server_ejected_at", "out_queue_bytes", "response_bytes"]
+    {
+        assert!(doc.contains(&format!("\"{field}\":")), "stats document lacks {field}: {doc}");
+    }
+}

@@ -5,76 +5,21 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{free_port, require, spawn_server, wait_listening, Proxy};
+use support::{free_port, require, Proxy, Redis};
 
-/// A redis-server on a loopback port.
-struct Redis {
-    port: u16,
-    password: Option<String>,
-    child: Option<Child>,
-}
-
-impl Redis {
-    fn command(port: u16, password: Option<&str>) -> Command {
-        let mut args = vec!["--port".to_owned(), port.to_string(), "--bind".into(), "127.0.0.1".into()];
-        args.extend(["--save", "", "--appendonly", "no", "--daemonize", "no"].map(String::from));
-        if let Some(pw) = password {
-            args.extend(["--requirepass".to_owned(), pw.to_owned()]);
-        }
-        let mut c = Command::new(require("redis-server", "redis-server"));
-        c.args(&args);
-        c
+/// A direct client of a Redis server (authenticated when it has a password).
+fn direct(r: &Redis) -> Resp {
+    let mut c = Resp::connect(([127, 0, 0, 1], r.port).into());
+    if let Some(pw) = r.password() {
+        assert_eq!(c.cmd(&["AUTH", pw]), "+OK");
     }
-
-    fn start(password: Option<&str>) -> Redis {
-        let (port, child) = spawn_server(|p| Redis::command(p, password));
-        Redis { port, password: password.map(str::to_owned), child: Some(child) }
-    }
-
-    /// On a given port (a restart): the port is this test's already.
-    fn start_on(port: u16, password: Option<&str>) -> Redis {
-        let child = Redis::command(port, password).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
-        wait_listening(port);
-        Redis { port, password: password.map(str::to_owned), child: Some(child) }
-    }
-
-    fn id(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn restart(&mut self) {
-        self.kill();
-        let pw = self.password.clone();
-        *self = Redis::start_on(self.port, pw.as_deref());
-    }
-
-    /// A direct client (authenticated when the server has a password).
-    fn client(&self) -> Resp {
-        let mut c = Resp::connect(([127, 0, 0, 1], self.port).into());
-        if let Some(pw) = &self.password {
-            assert_eq!(c.cmd(&["AUTH", pw]), "+OK");
-        }
-        c
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.kill();
-    }
+    c
 }
 
 /// A blocking RESP client; replies are rendered as text for assertions.
@@ -190,10 +135,8 @@ fn every_command_family_through_the_proxy() {
         mset.push(v);
     }
     assert_eq!(c.cmd(&mset), "+OK");
-    let held_on: std::collections::HashSet<u16> = keys
-        .iter()
-        .filter_map(|k| rs.iter().find(|r| r.client().cmd(&["EXISTS", k]) == ":1").map(|r| r.port))
-        .collect();
+    let held_on: std::collections::HashSet<u16> =
+        keys.iter().filter_map(|k| rs.iter().find(|r| direct(r).cmd(&["EXISTS", k]) == ":1").map(|r| r.port)).collect();
     assert!(held_on.len() >= 2, "keys spread over servers: {held_on:?}");
     let mut mget = vec!["MGET", "missing"];
     mget.extend(keys.iter().rev().map(String::as_str));
@@ -258,7 +201,7 @@ fn auth_and_db_on_both_sides() {
     assert_eq!(c.cmd(&["SELECT", "3"]), "+OK");
     // The value went to database 3 of its server.
     let holder = rs.iter().find(|r| {
-        let mut d = r.client();
+        let mut d = direct(r);
         assert_eq!(d.cmd(&["SELECT", "3"]), "+OK");
         d.cmd(&["GET", "k"]) == "\"v\""
     });
@@ -415,7 +358,7 @@ fn a_killed_server_costs_only_its_keys_and_comes_back() {
         assert_eq!(c.cmd(&["SET", k, "v"]), "+OK");
     }
     let victim = rs[1].port;
-    let on_victim: Vec<&String> = keys.iter().filter(|k| rs[1].client().cmd(&["EXISTS", k]) == ":1").collect();
+    let on_victim: Vec<&String> = keys.iter().filter(|k| direct(&rs[1]).cmd(&["EXISTS", k]) == ":1").collect();
     assert!(!on_victim.is_empty());
     rs[1].kill();
     let started = Instant::now();
@@ -524,4 +467,20 @@ fn a_failing_connection_setup_answers_every_request() {
         assert_eq!(server["state"], "down", "{extra}: {server}");
         assert!(server["errors"].as_u64().unwrap() >= 10, "{extra}: {server}");
     }
+}
+
+/// Redis `INFO` carries every counter of the pool (the same list as every
+/// other rendering).
+#[test]
+fn info_carries_every_counter() {
+    let rs = servers(1);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let proxy = Proxy::start(&config("", &refs));
+    let mut c = Resp::connect(proxy.addr);
+    assert_eq!(c.cmd(&["SET", "k", "v"]), "+OK");
+    let info = c.cmd(&["INFO"]);
+    for (d, _) in &proxy.handle.stats()[0].counters {
+        assert!(info.contains(&format!("{}:", d.name)), "INFO lacks {}: {info}", d.name);
+    }
+    assert!(info.contains("total_commands_processed:"), "{info}");
 }

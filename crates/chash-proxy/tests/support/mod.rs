@@ -224,6 +224,66 @@ pub fn read_stats_port(addr: SocketAddr) -> String {
     out
 }
 
+/// A redis-server on a loopback port.
+pub struct Redis {
+    pub port: u16,
+    password: Option<String>,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn command(port: u16, password: Option<&str>) -> Command {
+        let mut args = vec!["--port".to_owned(), port.to_string(), "--bind".into(), "127.0.0.1".into()];
+        args.extend(["--save", "", "--appendonly", "no", "--daemonize", "no"].map(String::from));
+        if let Some(pw) = password {
+            args.extend(["--requirepass".to_owned(), pw.to_owned()]);
+        }
+        let mut c = Command::new(require("redis-server", "redis-server"));
+        c.args(&args);
+        c
+    }
+
+    pub fn start(password: Option<&str>) -> Redis {
+        let (port, child) = spawn_server(|p| Redis::command(p, password));
+        Redis { port, password: password.map(str::to_owned), child: Some(child) }
+    }
+
+    /// On a given port (a restart): the port is this test's already.
+    pub fn start_on(port: u16, password: Option<&str>) -> Redis {
+        let child = Redis::command(port, password).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        wait_listening(port);
+        Redis { port, password: password.map(str::to_owned), child: Some(child) }
+    }
+
+    pub fn id(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        let pw = self.password.clone();
+        *self = Redis::start_on(self.port, pw.as_deref());
+    }
+
+    /// The password the server wants, if any.
+    pub fn password(&self) -> Option<&str> {
+        self.password.as_deref()
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// The proxy running in its own runtime on a background thread.
 pub struct Proxy {
     pub addr: SocketAddr,

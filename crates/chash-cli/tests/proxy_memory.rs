@@ -1,0 +1,193 @@
+//! Memory under hostile clients, measured on a `chash proxy` process (its
+//! RSS from /proc): clients that pipeline large gets and never read cannot
+//! make it hold more than their reply budgets, and a normal client is
+//! served throughout.
+
+#[path = "../../chash-proxy/tests/support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use support::{free_port, memcacheds, Redis};
+
+/// A `chash proxy -c FILE` process.
+struct ProxyProcess {
+    child: Child,
+}
+
+impl ProxyProcess {
+    fn start(config: &str, listen: u16) -> ProxyProcess {
+        let dir = std::env::temp_dir().join(format!("chash-mem-{}-{listen}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("proxy.yml");
+        std::fs::write(&path, config).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_chash"))
+            .args(["proxy", "-c", path.to_str().unwrap(), "--admin", "127.0.0.1:0", "--no-stats", "-v", "4"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        support::wait_listening(listen);
+        ProxyProcess { child }
+    }
+
+    /// Resident memory, in KiB.
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Three clients each pipeline 2,000 requests for a 1 MiB value and never
+/// read; a fourth makes small requests meanwhile. Returns the proxy's peak
+/// RSS growth (MiB) and the fourth client's slowest request.
+fn hostile_clients(
+    proxy: &ProxyProcess,
+    addr: SocketAddr,
+    request: &'static [u8],
+    normal: fn(&mut Normal),
+) -> (f64, Duration) {
+    thread::sleep(Duration::from_millis(300));
+    let idle = proxy.rss_kib();
+    let stop = Arc::new(AtomicBool::new(false));
+    let hostile: Vec<_> = (0..3)
+        .map(|_| {
+            let stop = stop.clone();
+            thread::spawn(move || {
+                let mut s = TcpStream::connect(addr).unwrap();
+                s.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+                let mut sent = 0;
+                // Never reads; writes until the proxy stops reading.
+                while sent < 2000 && !stop.load(Relaxed) {
+                    if s.write_all(request).is_ok() {
+                        sent += 1;
+                    }
+                }
+                while !stop.load(Relaxed) {
+                    thread::sleep(Duration::from_millis(20));
+                }
+                s
+            })
+        })
+        .collect();
+    let mut peak = idle;
+    let mut slowest = Duration::ZERO;
+    let mut n = Normal::connect(addr);
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let started = Instant::now();
+        normal(&mut n);
+        slowest = slowest.max(started.elapsed());
+        peak = peak.max(proxy.rss_kib());
+        thread::sleep(Duration::from_millis(5));
+    }
+    stop.store(true, Relaxed);
+    for h in hostile {
+        drop(h.join().unwrap());
+    }
+    ((peak - idle) as f64 / 1024.0, slowest)
+}
+
+/// The normal client.
+struct Normal {
+    r: BufReader<TcpStream>,
+    w: TcpStream,
+    i: u64,
+}
+
+impl Normal {
+    fn connect(addr: SocketAddr) -> Normal {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Normal { r: BufReader::new(s.try_clone().unwrap()), w: s, i: 0 }
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.r.read_line(&mut l).unwrap();
+        l
+    }
+}
+
+fn normal_memcached(n: &mut Normal) {
+    n.i += 1;
+    let key = format!("normal:{}", n.i % 50);
+    n.w.write_all(format!("set {key} 0 0 5\r\nhello\r\nget {key}\r\n").as_bytes()).unwrap();
+    assert_eq!(n.line(), "STORED\r\n");
+    assert!(n.line().starts_with("VALUE "));
+    let mut rest = [0u8; 7 + 5];
+    n.r.read_exact(&mut rest).unwrap();
+    assert_eq!(&rest, b"hello\r\nEND\r\n");
+}
+
+fn normal_redis(n: &mut Normal) {
+    n.i += 1;
+    let key = format!("normal:{}", n.i % 50);
+    let cmd = format!(
+        "*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n$5\r\nhello\r\n*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n",
+        key.len(),
+        key.len()
+    );
+    n.w.write_all(cmd.as_bytes()).unwrap();
+    assert_eq!(n.line(), "+OK\r\n");
+    assert_eq!(n.line(), "$5\r\n");
+    assert_eq!(n.line(), "hello\r\n");
+}
+
+#[test]
+fn clients_that_never_read_cannot_pin_memory_memcached() {
+    let mc = memcacheds(4);
+    let listen = free_port();
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:{listen}\n  hash: md5\n  servers:\n");
+    for m in &mc {
+        yml.push_str(&format!("   - {}:1\n", m.id()));
+    }
+    let proxy = ProxyProcess::start(&yml, listen);
+    let addr = SocketAddr::from(([127, 0, 0, 1], listen));
+    let mut c = support::Client::connect(addr);
+    // A little under memcached's 1 MiB item limit.
+    assert_eq!(c.set("big", &vec![b'x'; 1_000_000]), "STORED\r\n");
+    let (grew, slowest) = hostile_clients(&proxy, addr, b"get big\r\n", normal_memcached);
+    println!("memcached: RSS grew {grew:.1} MiB; slowest normal request {slowest:?}");
+    assert!(grew < 100.0, "three clients that never read pinned {grew:.1} MiB");
+    assert!(slowest < Duration::from_secs(1), "the normal client waited {slowest:?}");
+    // Still serving, and the hostile clients' connections are gone.
+    assert_eq!(c.set("after", b"1"), "STORED\r\n");
+}
+
+#[test]
+fn clients_that_never_read_cannot_pin_memory_redis() {
+    let rs: Vec<Redis> = (0..2).map(|_| Redis::start(None)).collect();
+    let listen = free_port();
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:{listen}\n  redis: true\n  servers:\n");
+    for r in &rs {
+        yml.push_str(&format!("   - {}:1\n", r.id()));
+    }
+    let proxy = ProxyProcess::start(&yml, listen);
+    let addr = SocketAddr::from(([127, 0, 0, 1], listen));
+    let mut n = Normal::connect(addr);
+    let value = "x".repeat(1 << 20);
+    n.w.write_all(format!("*3\r\n$3\r\nSET\r\n$3\r\nbig\r\n${}\r\n{value}\r\n", value.len()).as_bytes()).unwrap();
+    assert_eq!(n.line(), "+OK\r\n");
+    let (grew, slowest) = hostile_clients(&proxy, addr, b"*2\r\n$3\r\nGET\r\n$3\r\nbig\r\n", normal_redis);
+    println!("redis: RSS grew {grew:.1} MiB; slowest normal request {slowest:?}");
+    assert!(grew < 100.0, "three clients that never read pinned {grew:.1} MiB");
+    assert!(slowest < Duration::from_secs(1), "the normal client waited {slowest:?}");
+    normal_redis(&mut n);
+    let _ = mpsc::channel::<()>();
+}

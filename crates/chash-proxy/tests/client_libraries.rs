@@ -1,0 +1,46 @@
+//! The client libraries people use, through the proxy (Python ones, which
+//! the test command installs): what a new user would run.
+
+mod support;
+
+use std::process::Command;
+
+use support::{memcacheds, require, Memcached, Proxy};
+
+/// Runs a script of `tests/clients/` against `addr`; its output on failure.
+fn run_script(script: &str, addr: std::net::SocketAddr) {
+    let python = require("python3", "python3");
+    let path = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(python).arg(&path).arg(addr.to_string()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed:\n{text}");
+}
+
+/// A get_many of 1,000 keys of 250 bytes (a get line of 250 KB): before,
+/// pymemcache raised "line too long" and pylibmc and python-memcached
+/// silently got nothing.
+#[test]
+fn long_multi_gets_from_python_clients() {
+    let mc = memcacheds(3);
+    let refs: Vec<&Memcached> = mc.iter().collect();
+    let proxy = Proxy::start(&support::config("  hash: md5\n", &refs));
+    run_script("memcache_get_many.py", proxy.addr);
+}
+
+/// A Redis value over `--max-value-size` gets an error redis-py can read,
+/// naming the limit and the flag, and the connection goes on (before, the
+/// proxy closed it: redis-py reported a broken pipe after 3.5 s of
+/// retries).
+#[test]
+fn redis_py_is_told_the_value_limit() {
+    let redis = support::Redis::start(None);
+    let yml = format!(
+        "alpha:\n  listen: 127.0.0.1:{}\n  redis: true\n  servers:\n   - {}:1\n",
+        support::free_port(),
+        redis.id()
+    );
+    let mut options = chash_proxy::ProxyOptions::default();
+    options.max_value_size = Some(1 << 20);
+    let proxy = Proxy::start_with(&yml, options, None);
+    run_script("redis_too_large.py", proxy.addr);
+}
