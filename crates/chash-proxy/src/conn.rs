@@ -194,6 +194,9 @@ impl Flow {
     /// Waits until another request may be taken; false if the client
     /// overflowed meanwhile.
     async fn wait_room(&self, account: &ReplyAccount) -> bool {
+        if self.has_room(account) && !account.is_overflowed() {
+            return true;
+        }
         loop {
             if account.is_overflowed() {
                 return false;
@@ -240,11 +243,7 @@ pub(crate) async fn serve<T, S>(
     let account = requester.account.clone();
     let (tx, rx) = mpsc::channel::<PendingReply>(MAX_PIPELINE);
     let writer = async {
-        let result = tokio::select! {
-            r = write_replies(w, rx, &flow) => r,
-            _ = account.overflowed() => Err(std::io::Error::other("client holds too many unread replies")),
-        };
-        if let Err(e) = result {
+        if let Err(e) = write_replies(w, rx, &flow, &account).await {
             tracing::debug!("client connection closed: {e}");
         }
     };
@@ -304,7 +303,10 @@ struct Input<R> {
 impl<R: AsyncRead + Unpin> Input<R> {
     async fn read(&mut self, buf: &mut BytesMut) -> Read {
         loop {
+            // Biased: bytes first, and the other branches are only polled
+            // (their wakers registered) when there are none.
             tokio::select! {
+                biased;
                 n = self.r.read_buf(buf) => return match n {
                     Ok(0) => Read::End(Close::Eof),
                     Ok(_) => Read::Data,
@@ -334,6 +336,16 @@ fn poll_now(f: &mut PendingReply) -> Poll<Option<Out>> {
     f.as_mut().poll(&mut cx)
 }
 
+/// Writes all of `buf`, unless the client overflows its reply account
+/// meanwhile (a client that does not read blocks the write forever).
+async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, buf: &[u8], account: &ReplyAccount) -> std::io::Result<()> {
+    tokio::select! {
+        biased;
+        r = w.write_all(buf) => r,
+        _ = account.overflowed() => Err(std::io::Error::other("client holds too many unread replies")),
+    }
+}
+
 /// Writes replies in order until the sender is dropped, then shuts the
 /// write side. Runs joined with the connection's reader, in the same task:
 /// a reply becoming ready wakes that task directly, with no hand-off.
@@ -341,6 +353,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     mut w: W,
     mut rx: mpsc::Receiver<PendingReply>,
     flow: &Flow,
+    account: &ReplyAccount,
 ) -> std::io::Result<()> {
     let mut out = BytesMut::with_capacity(16 * 1024);
     loop {
@@ -349,7 +362,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             Err(mpsc::error::TryRecvError::Disconnected) => break,
             Err(mpsc::error::TryRecvError::Empty) => {
                 if !out.is_empty() {
-                    w.write_all(&out).await?;
+                    write_all(&mut w, &out, account).await?;
                     out.clear();
                 }
                 match rx.recv().await {
@@ -362,7 +375,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             Poll::Ready(b) => b,
             Poll::Pending => {
                 if !out.is_empty() {
-                    w.write_all(&out).await?;
+                    write_all(&mut w, &out, account).await?;
                     out.clear();
                 }
                 next.await
@@ -376,13 +389,13 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             Some(Out::Stream(ReplyStream(mut chunks))) => {
                 flow.done(Some(crate::conn::STREAMED_SIZE));
                 if !out.is_empty() {
-                    w.write_all(&out).await?;
+                    write_all(&mut w, &out, account).await?;
                     out.clear();
                 }
                 loop {
                     match chunks.recv().await {
                         Some(chunk) => {
-                            w.write_all(&chunk.data).await?;
+                            write_all(&mut w, &chunk.data, account).await?;
                             if chunk.last {
                                 break;
                             }
@@ -396,12 +409,12 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             None => flow.done(None),
         }
         if out.len() >= 64 * 1024 {
-            w.write_all(&out).await?;
+            write_all(&mut w, &out, account).await?;
             out.clear();
         }
     }
     if !out.is_empty() {
-        w.write_all(&out).await?;
+        write_all(&mut w, &out, account).await?;
     }
     w.flush().await?;
     w.shutdown().await

@@ -484,3 +484,37 @@ fn info_carries_every_counter() {
     }
     assert!(info.contains("total_commands_processed:"), "{info}");
 }
+
+/// A client that stops reading a streamed reply holds its server
+/// connection up to the stream's patience (5 s); a request queued behind
+/// it on that connection is still answered within the pool's timeout.
+#[test]
+fn a_request_behind_a_stuck_stream_is_answered_within_its_timeout() {
+    let rs = servers(1);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let mut options = chash_proxy::ProxyOptions::default();
+    // One worker: both clients share the one server connection.
+    options.threads = Some(1);
+    let proxy = Proxy::start_with(&config("  timeout: 400\n", &refs), options, None);
+    let mut setup = Resp::connect(proxy.addr);
+    let value = big_value("big", 20 << 20);
+    assert_eq!(setup.cmd(&["SET", "big", &value]), "+OK");
+    assert_eq!(setup.cmd(&["SET", "small", "v"]), "+OK");
+    // The stuck client: asks for 20 MiB and never reads.
+    let mut stuck = TcpStream::connect(proxy.addr).unwrap();
+    stuck.write_all(&Resp::encode(&["GET", "big"])).unwrap();
+    thread::sleep(Duration::from_millis(300));
+    let mut other = Resp::connect(proxy.addr);
+    let started = Instant::now();
+    let reply = other.cmd(&["GET", "small"]);
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_millis(1500), "answered after {waited:?}: {reply}");
+    assert!(reply == "\"v\"" || reply.contains("timed out"), "{reply}");
+    // Once the stream gives up on the stuck client, the connection serves again.
+    drop(stuck);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while other.cmd(&["GET", "small"]) != "\"v\"" {
+        assert!(Instant::now() < deadline, "the server connection never recovered");
+        thread::sleep(Duration::from_millis(100));
+    }
+}

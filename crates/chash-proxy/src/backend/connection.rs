@@ -6,6 +6,14 @@
 //! answered with an error; while the server is unreachable each request
 //! makes a new attempt (one at a time) and gets its outcome, and the slot
 //! also tries again on its own after a back-off.
+//!
+//! Every request is answered by its deadline (the pool's `timeout` from
+//! when it was submitted), whatever the connection is doing: requests that
+//! wait for a connection attempt are timed out by the slot, requests
+//! written to the server by the reader (and a reply that times out closes
+//! the connection, as twemproxy does), and requests queued behind a
+//! streamed reply are answered when their time is up while the stream
+//! goes on (their replies are read and dropped when they come).
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::Relaxed;
@@ -14,14 +22,19 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
 
-use super::framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Setup};
-use super::{accounted, Address, BackendError, Job, ReplyAccount, ReplyTx, Slot};
+use super::framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Scan, Setup};
+use super::health::Health;
+use super::request::{accounted, Address, BackendError, BackendSettings, Job, ReplyAccount, ReplyTx};
 use crate::stats::{Histogram, PerWorker, ServerCounters};
 
 type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
 type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Requests a connection slot's queue holds before submitters wait.
+pub(super) const QUEUE: usize = 4096;
 
 /// While a server is unreachable, its connections try again this often
 /// on their own (a request tries at once).
@@ -30,16 +43,30 @@ const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 /// How long a connection attempt may take without a pool timeout.
 const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 
+/// What a connection slot's task needs of its server.
+pub(super) struct Slot {
+    pub address: Address,
+    pub settings: BackendSettings,
+    pub health: Arc<Health>,
+    pub counters: Arc<PerWorker<ServerCounters>>,
+    pub latency: Arc<PerWorker<Histogram>>,
+}
+
 /// A request leaves the queue without being written.
-pub(super) fn unqueue(c: &ServerCounters, job: &Job) {
+fn unqueue(c: &ServerCounters, job: &Job) {
     c.in_queue.fetch_sub(1, Relaxed);
     c.in_queue_bytes.fetch_sub(job.data.len() as u64, Relaxed);
 }
 
 /// Answers a queued request with an error.
-fn fail(c: &ServerCounters, job: Job, err: &BackendError) {
+pub(super) fn fail(c: &ServerCounters, job: Job, err: &BackendError) {
     unqueue(c, &job);
     let _ = job.reply.send(Err(err.clone()));
+}
+
+/// Whether `deadline` has passed by `now`.
+fn due(deadline: Option<Instant>, now: Instant) -> bool {
+    deadline.is_some_and(|d| d <= now)
 }
 
 async fn connect(address: &Address, timeout: Option<Duration>) -> std::io::Result<(BoxRead, BoxWrite)> {
@@ -107,6 +134,38 @@ async fn run_setup(r: &mut BoxRead, w: &mut BoxWrite, setup: &Setup) -> Result<(
     Ok(())
 }
 
+/// Opens a connection while requests wait for it: they are received into
+/// `waiting` (up to a queue's worth) and answered `Timeout` when their
+/// deadline passes first.
+async fn open_while_waiting(
+    slot: &Slot,
+    rx: &mut mpsc::Receiver<Job>,
+    waiting: &mut VecDeque<Job>,
+) -> Option<Result<(BoxRead, BoxWrite), String>> {
+    let opening = open(&slot.address, slot.settings.timeout, slot.settings.setup.as_ref());
+    tokio::pin!(opening);
+    loop {
+        let front = waiting.front().and_then(|j| j.deadline);
+        tokio::select! {
+            biased;
+            opened = &mut opening => return Some(opened),
+            job = rx.recv(), if waiting.len() < QUEUE => match job {
+                Some(job) => waiting.push_back(job),
+                None => return None,
+            },
+            _ = sleep_until_opt(front) => {
+                let now = Instant::now();
+                let c = slot.counters.local();
+                while waiting.front().is_some_and(|j| due(j.deadline, now)) {
+                    if let Some(job) = waiting.pop_front() {
+                        fail(c, job, &BackendError::Timeout);
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// How a connection ended.
 enum Ended {
     /// The server closed it.
@@ -136,50 +195,45 @@ impl Ended {
     }
 }
 
-/// Runs a connection slot until its server is dropped.
+/// Runs a connection slot until its server is dropped (its queue closes).
 pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
-    let mut first: Option<Job> = None;
+    let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut eager = slot.settings.preconnect;
     loop {
-        if !eager && first.is_none() {
+        if !eager && waiting.is_empty() {
             match rx.recv().await {
-                Some(job) => first = Some(job),
+                Some(job) => waiting.push_back(job),
                 None => return,
             }
         }
         eager = false;
+        let Some(opened) = open_while_waiting(&slot, &mut rx, &mut waiting).await else { return };
         let c = slot.counters.local();
-        match open(&slot.address, slot.settings.timeout, slot.settings.setup.as_ref()).await {
+        match opened {
             Ok((r, w)) => {
                 c.server_connections.fetch_add(1, Relaxed);
                 c.connections_made.fetch_add(1, Relaxed);
-                if let Some(s) = slot.server.upgrade() {
-                    s.record_connected();
-                }
-                let ended = run_connection(r, w, first.take(), &mut rx, &slot).await;
+                slot.health.connected();
+                let ended = run_connection(r, w, std::mem::take(&mut waiting), &mut rx, &slot).await;
                 let c = slot.counters.local();
                 c.server_connections.fetch_sub(1, Relaxed);
                 let Some(ended) = ended else { return }; // the server was dropped: queue closed
                 ended.count(c);
                 tracing::debug!(address = %slot.address, "server connection closed: {}", ended.why());
-                if let Some(s) = slot.server.upgrade() {
-                    s.record_failure(&ended.why());
-                }
+                slot.health.failed(&ended.why());
             }
             Err(why) => {
                 c.server_err.fetch_add(1, Relaxed);
-                let Some(s) = slot.server.upgrade() else { return };
-                if s.record_down() {
-                    tracing::warn!(server = %s.id(), "server unreachable: {why}");
+                if slot.health.unreachable() {
+                    tracing::warn!(server = %slot.health.id(), "server unreachable: {why}");
                 } else {
-                    tracing::debug!(server = %s.id(), "server still unreachable: {why}");
+                    tracing::debug!(server = %slot.health.id(), "server still unreachable: {why}");
                 }
-                s.record_failure(&why);
-                drop(s);
-                // The request that asked for the attempt, and those that
+                slot.health.failed(&why);
+                // The requests that waited for the attempt, and those that
                 // queued meanwhile, get its outcome.
                 let err = BackendError::Connect(why);
-                if let Some(job) = first.take() {
+                for job in waiting.drain(..) {
                     fail(c, job, &err);
                 }
                 while let Ok(job) = rx.try_recv() {
@@ -190,11 +244,11 @@ pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
                 // back-off, or when the pool gives the server another chance.
                 tokio::select! {
                     job = rx.recv() => match job {
-                        Some(job) => first = Some(job),
+                        Some(job) => waiting.push_back(job),
                         None => return,
                     },
                     _ = tokio::time::sleep(RETRY_BACKOFF) => eager = true,
-                    _ = slot.retry.notified() => eager = true,
+                    _ = slot.health.retried() => eager = true,
                 }
             }
         }
@@ -204,72 +258,81 @@ pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
 /// A request written and waiting for its reply.
 struct InFlight {
     framing: &'static dyn Framing,
-    reply: ReplyTx,
+    /// `None` once answered early (timed out behind a stream): its reply is
+    /// still read, and dropped.
+    reply: Option<ReplyTx>,
     account: Arc<ReplyAccount>,
-    deadline: Option<tokio::time::Instant>,
+    deadline: Option<Instant>,
     /// When it was written: the server's part of its latency starts here.
-    sent: tokio::time::Instant,
+    sent: Instant,
     /// Its size, for the out-queue gauge.
     bytes: u64,
 }
 
 impl InFlight {
-    /// Takes it off the out-queue gauge and answers it.
-    fn answer(self, c: &ServerCounters, result: Result<Reply, BackendError>) {
+    /// Its reply (or error) arrived: off the out-queue gauge, and answered
+    /// unless it was already.
+    fn settle(mut self, c: &ServerCounters, result: Result<Reply, BackendError>) {
         c.out_queue.fetch_sub(1, Relaxed);
         c.out_queue_bytes.fetch_sub(self.bytes, Relaxed);
+        self.answer(result);
+    }
+
+    /// Answers it now (if not yet); it stays in line for its reply.
+    fn answer(&mut self, result: Result<Reply, BackendError>) {
+        let Some(tx) = self.reply.take() else { return };
         let result = match result {
             Ok(reply) if !self.account.deliver(accounted(&reply)) => Err(BackendError::Overflow),
             r => r,
         };
-        let _ = self.reply.send(result);
+        let _ = tx.send(result);
     }
 }
 
-/// Runs one connection until it fails (`Some`) or the queue closes (`None`).
+/// Runs one connection until it fails (`Some`) or the queue closes (`None`);
+/// `first` are requests that waited for it.
 async fn run_connection(
     r: BoxRead,
     mut w: BoxWrite,
-    first: Option<Job>,
+    mut first: VecDeque<Job>,
     rx: &mut mpsc::Receiver<Job>,
     slot: &Slot,
 ) -> Option<Ended> {
     let timeout = slot.settings.timeout;
     let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<InFlight>();
-    let (stop_tx, stop_rx) = oneshot::channel::<String>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<String>();
     let mut reader =
         tokio::spawn(read_replies(r, inflight_rx, stop_rx, timeout, slot.counters.clone(), slot.latency.clone()));
     let mut batch = BytesMut::with_capacity(16 * 1024);
-    let mut pending = first;
     let ended_by_reader = |done: Result<Option<Ended>, tokio::task::JoinError>| match done {
         Ok(Some(ended)) => ended,
         Ok(None) => Ended::Error("reader finished".into()),
         Err(e) => Ended::Error(format!("reader task: {e}")),
     };
     loop {
-        let job = match pending.take() {
-            Some(job) => Some(job),
-            None => tokio::select! {
+        let mut jobs: Vec<Job> = first.drain(..).collect();
+        if jobs.is_empty() {
+            let job = tokio::select! {
+                biased;
                 job = rx.recv() => job,
                 done = &mut reader => return Some(ended_by_reader(done)),
-            },
-        };
-        let Some(job) = job else {
-            // Queue closed: let outstanding replies arrive, then stop.
-            drop(inflight_tx);
-            let _ = w.shutdown().await;
-            let _ = reader.await;
-            return None;
-        };
-        batch.clear();
-        let mut jobs = vec![job];
-        // Let the other ready tasks (client connections) run first, as an
-        // event loop would: requests they queue for this server meanwhile
-        // go out in the same write, which saves a system call per request
-        // under load and costs nothing when idle.
-        tokio::task::yield_now().await;
+            };
+            let Some(job) = job else {
+                // Queue closed: let outstanding replies arrive, then stop.
+                drop(inflight_tx);
+                let _ = w.shutdown().await;
+                let _ = reader.await;
+                return None;
+            };
+            jobs.push(job);
+            // Let the other ready tasks (client connections) run first, as
+            // an event loop would: requests they queue for this server
+            // meanwhile go out in the same write, which saves a system call
+            // per request under load and costs nothing when idle.
+            tokio::task::yield_now().await;
+        }
         // Coalesce what is already queued into one write.
-        let mut bytes = jobs[0].data.len();
+        let mut bytes: usize = jobs.iter().map(|j| j.data.len()).sum();
         while bytes < 64 * 1024 {
             match rx.try_recv() {
                 Ok(j) => {
@@ -279,8 +342,9 @@ async fn run_connection(
                 Err(_) => break,
             }
         }
+        batch.clear();
         let c = slot.counters.local();
-        let sent = tokio::time::Instant::now();
+        let sent = Instant::now();
         for job in jobs {
             batch.extend_from_slice(&job.data);
             unqueue(c, &job);
@@ -288,9 +352,9 @@ async fn run_connection(
             c.out_queue.fetch_add(1, Relaxed);
             c.out_queue_bytes.fetch_add(bytes, Relaxed);
             let Job { framing, reply, account, deadline, .. } = job;
-            let inflight = InFlight { framing, reply, account, deadline, sent, bytes };
+            let inflight = InFlight { framing, reply: Some(reply), account, deadline, sent, bytes };
             if let Err(mpsc::error::SendError(f)) = inflight_tx.send(inflight) {
-                f.answer(c, Err(BackendError::Closed("connection lost".into())));
+                f.settle(c, Err(BackendError::Closed("connection lost".into())));
                 return Some(ended_by_reader(reader.await));
             }
         }
@@ -319,7 +383,7 @@ const STREAM_CHUNKS: usize = 16;
 /// before it stops sending to it (the client's connection then closes).
 /// Meanwhile the server connection waits too, so this bounds how long one
 /// slow client can hold up the others sharing the connection.
-pub const STREAM_PATIENCE: Duration = Duration::from_secs(5);
+const STREAM_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Why a stream ended early.
 enum StreamError {
@@ -329,42 +393,70 @@ enum StreamError {
     Broken(String),
 }
 
+/// The requests a connection's reader holds, in write order.
+struct Line {
+    waiting: VecDeque<InFlight>,
+    inflight: mpsc::UnboundedReceiver<InFlight>,
+}
+
+impl Line {
+    /// Takes in what the writer has sent since.
+    fn take_new(&mut self) {
+        while let Ok(f) = self.inflight.try_recv() {
+            self.waiting.push_back(f);
+        }
+    }
+
+    /// Answers every request with `err`, those not yet taken in too.
+    fn fail_all(&mut self, c: &ServerCounters, err: &BackendError) {
+        for f in self.waiting.drain(..) {
+            f.settle(c, Err(err.clone()));
+        }
+        self.inflight.close();
+        while let Ok(f) = self.inflight.try_recv() {
+            f.settle(c, Err(err.clone()));
+        }
+    }
+
+    /// The earliest deadline of a request not yet answered.
+    fn next_deadline(&self) -> Option<Instant> {
+        self.waiting.iter().filter(|f| f.reply.is_some()).find_map(|f| f.deadline)
+    }
+
+    /// Answers `Timeout` to the requests whose deadline has passed; they
+    /// keep their place for their replies.
+    fn time_out_due(&mut self) {
+        let now = Instant::now();
+        for f in self.waiting.iter_mut().filter(|f| due(f.deadline, now)) {
+            f.answer(Err(BackendError::Timeout));
+        }
+    }
+}
+
 /// Reads replies and answers in-flight requests in order. Returns how the
 /// connection ended, or `None` when the writer closed the channel.
 async fn read_replies(
     mut r: BoxRead,
-    mut inflight: mpsc::UnboundedReceiver<InFlight>,
-    mut stop: oneshot::Receiver<String>,
+    inflight: mpsc::UnboundedReceiver<InFlight>,
+    mut stop: tokio::sync::oneshot::Receiver<String>,
     timeout: Option<Duration>,
     counters: Arc<PerWorker<ServerCounters>>,
     latency: Arc<PerWorker<Histogram>>,
 ) -> Option<Ended> {
     let mut buf = BytesMut::with_capacity(16 * 1024);
-    let mut waiting: VecDeque<InFlight> = VecDeque::new();
+    let mut line = Line { waiting: VecDeque::new(), inflight };
     let c = counters.local();
-    let fail_all =
-        |waiting: &mut VecDeque<InFlight>, inflight: &mut mpsc::UnboundedReceiver<InFlight>, err: BackendError| {
-            for f in waiting.drain(..) {
-                f.answer(c, Err(err.clone()));
-            }
-            inflight.close();
-            while let Ok(f) = inflight.try_recv() {
-                f.answer(c, Err(err.clone()));
-            }
-        };
     loop {
-        while let Ok(f) = inflight.try_recv() {
-            waiting.push_back(f);
-        }
-        while let Some(front) = waiting.front() {
+        line.take_new();
+        while let Some(front) = line.waiting.front() {
             let framing = front.framing;
             match framing.parse(&mut buf) {
                 Frame::Done(reply) => {
-                    if let Some(f) = waiting.pop_front() {
+                    if let Some(f) = line.waiting.pop_front() {
                         latency.local().observe(f.sent.elapsed());
                         c.responses.fetch_add(1, Relaxed);
                         c.response_bytes.fetch_add(reply.len() as u64, Relaxed);
-                        f.answer(c, Ok(Reply::Whole(reply)));
+                        f.settle(c, Ok(Reply::Whole(reply)));
                     }
                 }
                 Frame::Incomplete => {
@@ -376,75 +468,75 @@ async fn read_replies(
                     // A large reply: passed on to the client as it arrives,
                     // or (too large to hold whole) read past.
                     let Some(scanner) = framing.scanner() else { break };
-                    let Some(f) = waiting.pop_front() else { break };
+                    let Some(f) = line.waiting.pop_front() else { break };
                     latency.local().observe(f.sent.elapsed());
                     c.responses.fetch_add(1, Relaxed);
                     let tx = if streamed {
                         let (tx, rx) = mpsc::channel(STREAM_CHUNKS);
-                        f.answer(c, Ok(Reply::Stream(ReplyStream(rx))));
+                        f.settle(c, Ok(Reply::Stream(ReplyStream(rx))));
                         Some(tx)
                     } else {
                         let limit = match framing.large() {
                             Large::Refuse { limit } => limit,
                             _ => 0,
                         };
-                        f.answer(c, Err(BackendError::TooLarge(limit)));
+                        f.settle(c, Err(BackendError::TooLarge(limit)));
                         None
                     };
-                    match stream_reply(&mut r, &mut buf, scanner, tx, timeout, c).await {
+                    match stream_reply(&mut r, &mut buf, scanner, tx, timeout, c, &mut line).await {
                         Ok(()) => {
                             // Requests queued behind it waited for the stream,
-                            // not for their server: their time starts now.
-                            while let Ok(f) = inflight.try_recv() {
-                                waiting.push_back(f);
-                            }
+                            // not for their server: for the connection's
+                            // health their time starts now.
+                            line.take_new();
                             if let Some(t) = timeout {
-                                let from = tokio::time::Instant::now() + t;
-                                for f in &mut waiting {
+                                let from = Instant::now() + t;
+                                for f in &mut line.waiting {
                                     f.deadline = f.deadline.map(|d| d.max(from));
                                 }
                             }
                         }
                         Err(StreamError::Timeout) => {
-                            fail_all(&mut waiting, &mut inflight, BackendError::Timeout);
+                            line.fail_all(c, &BackendError::Timeout);
                             return Some(Ended::TimedOut);
                         }
                         Err(StreamError::Broken(e)) => {
-                            fail_all(&mut waiting, &mut inflight, BackendError::Closed(e.clone()));
+                            line.fail_all(c, &BackendError::Closed(e.clone()));
                             return Some(Ended::Error(e));
                         }
                     }
                 }
                 Frame::Invalid(e) => {
-                    fail_all(&mut waiting, &mut inflight, BackendError::Protocol(e.clone()));
+                    line.fail_all(c, &BackendError::Protocol(e.clone()));
                     return Some(Ended::Error(format!("bad reply: {e}")));
                 }
             }
         }
-        let deadline = waiting.front().and_then(|f| f.deadline);
+        let deadline = line.waiting.front().and_then(|f| f.deadline);
         tokio::select! {
-            f = inflight.recv(), if waiting.is_empty() => match f {
-                Some(f) => waiting.push_back(f),
+            biased;
+            f = line.inflight.recv(), if line.waiting.is_empty() => match f {
+                Some(f) => line.waiting.push_back(f),
                 None => return None,
             },
             n = r.read_buf(&mut buf) => match n {
                 Ok(0) => {
-                    fail_all(&mut waiting, &mut inflight, BackendError::Closed("server closed the connection".into()));
+                    line.fail_all(c, &BackendError::Closed("server closed the connection".into()));
                     return Some(Ended::Eof);
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    fail_all(&mut waiting, &mut inflight, BackendError::Closed(e.to_string()));
+                    line.fail_all(c, &BackendError::Closed(e.to_string()));
                     return Some(Ended::Error(e.to_string()));
                 }
             },
             why = &mut stop => {
                 let why = why.unwrap_or_else(|_| "connection closed".into());
-                fail_all(&mut waiting, &mut inflight, BackendError::Closed(why.clone()));
+                line.fail_all(c, &BackendError::Closed(why.clone()));
                 return Some(Ended::Error(why));
             }
             _ = sleep_until_opt(deadline) => {
-                fail_all(&mut waiting, &mut inflight, BackendError::Timeout);
+                line.fail_all(c, &BackendError::Timeout);
                 return Some(Ended::TimedOut);
             }
         }
@@ -455,26 +547,48 @@ async fn read_replies(
 /// as it arrives, holding at most a read's worth plus the channel's chunks;
 /// with no `tx` (or once the client is gone, or has not taken a chunk for
 /// [`STREAM_PATIENCE`]) the rest is read and dropped, so the connection
-/// stays in step. Each read waits at most the pool's timeout.
+/// stays in step. Each read waits at most the pool's timeout. Meanwhile the
+/// requests behind it are answered `Timeout` when their time is up.
 async fn stream_reply(
     r: &mut BoxRead,
     buf: &mut BytesMut,
-    mut scanner: Box<dyn super::Scan>,
+    mut scanner: Box<dyn Scan>,
     mut tx: Option<mpsc::Sender<Chunk>>,
     timeout: Option<Duration>,
     c: &ServerCounters,
+    line: &mut Line,
 ) -> Result<(), StreamError> {
     loop {
         let (used, last) = scanner.scan(buf).map_err(StreamError::Broken)?;
         if used > 0 {
             let data = buf.split_to(used).freeze();
             c.response_bytes.fetch_add(data.len() as u64, Relaxed);
-            if let Some(t) = &tx {
-                match tokio::time::timeout(STREAM_PATIENCE, t.send(Chunk { data, last })).await {
-                    Ok(Ok(())) => {}
-                    // Gone or stuck: it gets a cut-short reply and its
-                    // connection closes.
-                    _ => tx = None,
+            if let Some(t) = tx.take() {
+                let patience = Instant::now() + STREAM_PATIENCE;
+                let mut chunk = Some(Chunk { data, last });
+                let mut keep = false;
+                loop {
+                    line.take_new();
+                    let deadline = line.next_deadline();
+                    tokio::select! {
+                        biased;
+                        sent = t.reserve() => {
+                            // An error: the client is gone.
+                            if let Ok(permit) = sent {
+                                permit.send(chunk.take().expect("one chunk"));
+                                keep = true;
+                            }
+                            break;
+                        }
+                        // Stuck: it gets a cut-short reply and its connection
+                        // closes.
+                        _ = tokio::time::sleep_until(patience) => break,
+                        _ = sleep_until_opt(deadline) => line.time_out_due(),
+                        Some(f) = line.inflight.recv() => line.waiting.push_back(f),
+                    }
+                }
+                if keep {
+                    tx = Some(t);
                 }
             }
         }
@@ -482,9 +596,17 @@ async fn stream_reply(
             return Ok(());
         }
         buf.reserve(64 * 1024);
-        let n = match timeout {
-            Some(t) => tokio::time::timeout(t, r.read_buf(buf)).await.map_err(|_| StreamError::Timeout)?,
-            None => r.read_buf(buf).await,
+        let read_limit = timeout.map(|t| Instant::now() + t);
+        let n = loop {
+            line.take_new();
+            let deadline = line.next_deadline();
+            tokio::select! {
+                biased;
+                n = r.read_buf(buf) => break n,
+                _ = sleep_until_opt(read_limit) => return Err(StreamError::Timeout),
+                _ = sleep_until_opt(deadline) => line.time_out_due(),
+                Some(f) = line.inflight.recv() => line.waiting.push_back(f),
+            }
         };
         match n {
             Ok(0) => return Err(StreamError::Broken("server closed the connection".into())),
@@ -495,7 +617,7 @@ async fn stream_reply(
 }
 
 /// Sleeps until `deadline`, or forever without one.
-pub(crate) async fn sleep_until_opt(deadline: Option<tokio::time::Instant>) {
+pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,

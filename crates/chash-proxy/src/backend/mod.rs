@@ -3,18 +3,22 @@
 //! order (FIFO). Protocol-free: a request names the [`Framing`] of its
 //! reply, and a connection's set-up commands come as a [`Setup`].
 //!
-//! - [`Server`]: a server's request queues, health (failures, down) and
-//!   counters; [`Server::submit`] queues a request, [`Server::finish`]
-//!   waits for its reply, never past the pool's timeout.
+//! - [`Server`] (here): a server's request queues, health and counters;
+//!   [`Server::submit`] queues a request, [`Server::finish`] waits for its
+//!   reply.
 //! - `connection`: the task behind each connection slot (connect, set-up,
-//!   write batches, read replies, stream large ones, reconnect).
-//! - [`framing`]: the seam the protocol folders implement.
+//!   write batches, read replies, stream large ones, reconnect), which
+//!   answers every request by its deadline whatever the connection does.
+//! - `request` (requests, requesters, errors), `health` (failures and the
+//!   down state), `framing` (the seam the protocol folders implement).
 
 mod connection;
 pub mod framing;
+mod health;
+mod request;
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,191 +28,16 @@ use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use connection::sleep_until_opt;
 pub use framing::{Frame, Framing, Large, Reply, ReplyStream, Scan, Setup};
+pub use health::Health;
+pub use request::{Address, BackendError, BackendSettings, ReplyAccount, Requester};
 
 use crate::stats::{described, Desc, Histogram, HistogramValues, PerWorker, ServerCounters, ServerEvents};
 use crate::workers::Workers;
+use request::{accounted, Job};
 
-/// Why a request got no reply from its server.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum BackendError {
-    /// The server could not be reached, or refused the connection's set-up.
-    Connect(String),
-    /// No reply within the pool's `timeout`.
-    Timeout,
-    /// The connection closed or broke with the request outstanding.
-    Closed(String),
-    /// The server sent something that is not a reply.
-    Protocol(String),
-    /// The proxy is shutting down or the server was removed.
-    Gone,
-    /// A reply that had to be held whole was over this many bytes (it was
-    /// read past).
-    TooLarge(usize),
-    /// The reply was dropped: its client holds too many unread replies
-    /// (its connection is closing).
-    Overflow,
-}
-
-impl fmt::Display for BackendError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BackendError::Connect(e) => write!(f, "cannot connect: {e}"),
-            BackendError::Timeout => f.write_str("timed out"),
-            BackendError::Closed(e) => write!(f, "connection lost: {e}"),
-            BackendError::Protocol(e) => write!(f, "bad reply: {e}"),
-            BackendError::Gone => f.write_str("server removed"),
-            BackendError::TooLarge(limit) => write!(f, "reply over {limit} bytes"),
-            BackendError::Overflow => f.write_str("reply dropped: the client holds too many unread replies"),
-        }
-    }
-}
-
-impl std::error::Error for BackendError {}
-
-/// Where a server is reached.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Address {
-    /// `host:port` over TCP.
-    Tcp(String),
-    /// A unix socket path.
-    Unix(String),
-}
-
-impl Address {
-    /// The address a server line's id names: `/path` is a unix socket
-    /// (twemproxy's form), anything else `host:port`.
-    pub fn of_id(id: &str) -> Address {
-        if id.starts_with('/') {
-            Address::Unix(id.to_owned())
-        } else {
-            Address::Tcp(id.to_owned())
-        }
-    }
-}
-
-impl fmt::Display for Address {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Address::Tcp(a) | Address::Unix(a) => f.write_str(a),
-        }
-    }
-}
-
-/// Connection settings of a pool's servers.
-#[derive(Clone, Debug)]
-pub struct BackendSettings {
-    /// Connections per server per worker (twemproxy's `server_connections`).
-    pub connections: usize,
-    /// Reply timeout from when a request is queued (twemproxy's `timeout`;
-    /// none: wait).
-    pub timeout: Option<Duration>,
-    /// Connect at start instead of on the first request.
-    pub preconnect: bool,
-    /// Consecutive failures that make a server a candidate for ejection.
-    pub failure_limit: u32,
-    /// Commands every new connection runs first.
-    pub setup: Option<Setup>,
-}
-
-/// A client connection's account of reply bytes that have arrived from
-/// servers and that it has not taken yet. Past its limit, further replies
-/// for it are dropped and it is told to close (a client that never reads
-/// cannot make the proxy hold more).
-#[derive(Debug)]
-pub struct ReplyAccount {
-    held: AtomicUsize,
-    limit: usize,
-    overflowed: AtomicBool,
-    notify: tokio::sync::Notify,
-}
-
-impl ReplyAccount {
-    /// An account that overflows once it holds `limit` bytes.
-    pub fn new(limit: usize) -> Arc<ReplyAccount> {
-        Arc::new(ReplyAccount {
-            held: AtomicUsize::new(0),
-            limit: limit.max(1),
-            overflowed: AtomicBool::new(false),
-            notify: tokio::sync::Notify::new(),
-        })
-    }
-
-    /// Bytes held now.
-    pub fn held(&self) -> usize {
-        self.held.load(Relaxed)
-    }
-
-    /// Whether it has overflowed.
-    pub fn is_overflowed(&self) -> bool {
-        self.overflowed.load(Relaxed)
-    }
-
-    /// Resolves once the account has overflowed.
-    pub async fn overflowed(&self) {
-        loop {
-            let notified = self.notify.notified();
-            if self.is_overflowed() {
-                return;
-            }
-            notified.await;
-        }
-    }
-
-    /// A reply of `n` bytes arrives: `false` (and the account overflows)
-    /// when it already holds its limit.
-    fn deliver(&self, n: usize) -> bool {
-        if self.held.load(Relaxed) >= self.limit {
-            if !self.overflowed.swap(true, Relaxed) {
-                self.notify.notify_waiters();
-            }
-            return false;
-        }
-        self.held.fetch_add(n, Relaxed);
-        true
-    }
-
-    fn taken(&self, n: usize) {
-        self.held.fetch_sub(n, Relaxed);
-    }
-}
-
-/// Bytes a reply accounts for while it waits for its client (a stream's
-/// chunks are bounded by its channel instead).
-fn accounted(reply: &Reply) -> usize {
-    match reply {
-        Reply::Whole(b) => b.len(),
-        Reply::Stream(_) => 0,
-    }
-}
-
-/// Who a request is for.
-#[derive(Clone, Debug)]
-pub struct Requester {
-    /// The client connection's number: its requests to a server share one
-    /// server connection, so they run in the order it sent them.
-    pub affinity: usize,
-    /// Its account of reply bytes.
-    pub account: Arc<ReplyAccount>,
-}
-
-type ReplyTx = oneshot::Sender<Result<Reply, BackendError>>;
-
-/// One request on its way to a server.
-struct Job {
-    data: Bytes,
-    framing: &'static dyn Framing,
-    reply: ReplyTx,
-    account: Arc<ReplyAccount>,
-    /// When it must have been answered (the pool's `timeout` from when it
-    /// was submitted).
-    deadline: Option<tokio::time::Instant>,
-}
-
-/// A submitted request's reply, due by its deadline.
+/// A submitted request's reply.
 pub struct Pending {
     rx: oneshot::Receiver<Result<Reply, BackendError>>,
-    deadline: Option<tokio::time::Instant>,
     account: Arc<ReplyAccount>,
 }
 
@@ -218,14 +47,8 @@ pub struct Server {
     address: Address,
     /// Request queues by worker: `queues[worker][connection]`.
     queues: Vec<Vec<mpsc::Sender<Job>>>,
-    failures: AtomicU32,
-    /// Set while the server is unreachable (the last attempt failed).
-    down: AtomicBool,
-    failure_limit: u32,
+    health: Arc<Health>,
     timeout: Option<Duration>,
-    on_failure: Option<mpsc::UnboundedSender<String>>,
-    /// Wakes connection slots waiting out a back-off.
-    retry: Arc<tokio::sync::Notify>,
     counters: Arc<PerWorker<ServerCounters>>,
     latency: Arc<PerWorker<Histogram>>,
     /// Counters of events that are not per request.
@@ -236,16 +59,6 @@ impl fmt::Debug for Server {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Server").field("id", &self.line.id).field("address", &self.address).finish()
     }
-}
-
-/// What a connection slot task needs of its server.
-struct Slot {
-    address: Address,
-    settings: BackendSettings,
-    server: std::sync::Weak<Server>,
-    retry: Arc<tokio::sync::Notify>,
-    counters: Arc<PerWorker<ServerCounters>>,
-    latency: Arc<PerWorker<Histogram>>,
 }
 
 impl Server {
@@ -260,43 +73,36 @@ impl Server {
         settings: &BackendSettings,
         on_failure: Option<mpsc::UnboundedSender<String>>,
     ) -> Arc<Server> {
+        let health = Arc::new(Health::new(line.id.clone(), settings.failure_limit, on_failure));
+        let counters = Arc::new(PerWorker::new(workers.count()));
+        let latency = Arc::new(PerWorker::new(workers.count()));
         let mut queues = Vec::new();
-        let mut receivers = Vec::new();
         for worker in 0..workers.count() {
             let mut txs = Vec::new();
             for _ in 0..settings.connections.max(1) {
-                let (tx, rx) = mpsc::channel(4096);
+                let (tx, rx) = mpsc::channel(connection::QUEUE);
                 txs.push(tx);
-                receivers.push((worker, rx));
+                let slot = connection::Slot {
+                    address: address.clone(),
+                    settings: settings.clone(),
+                    health: health.clone(),
+                    counters: counters.clone(),
+                    latency: latency.clone(),
+                };
+                workers.spawn_on(worker, connection::run_slot(slot, rx));
             }
             queues.push(txs);
         }
-        let server = Arc::new(Server {
+        Arc::new(Server {
             line,
             address,
             queues,
-            failures: AtomicU32::new(0),
-            down: AtomicBool::new(false),
-            failure_limit: settings.failure_limit.max(1),
+            health,
             timeout: settings.timeout,
-            on_failure,
-            retry: Arc::new(tokio::sync::Notify::new()),
-            counters: Arc::new(PerWorker::new(workers.count())),
-            latency: Arc::new(PerWorker::new(workers.count())),
+            counters,
+            latency,
             events: ServerEvents::default(),
-        });
-        for (worker, rx) in receivers {
-            let slot = Slot {
-                address: server.address.clone(),
-                settings: settings.clone(),
-                server: Arc::downgrade(&server),
-                retry: server.retry.clone(),
-                counters: server.counters.clone(),
-                latency: server.latency.clone(),
-            };
-            workers.spawn_on(worker, connection::run_slot(slot, rx));
-        }
-        server
+        })
     }
 
     /// The server line (id, weight, name) it was started with.
@@ -314,9 +120,14 @@ impl Server {
         &self.address
     }
 
+    /// Its health.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
     /// Whether the last connection attempt failed.
     pub fn is_down(&self) -> bool {
-        self.down.load(Relaxed)
+        self.health.is_down()
     }
 
     /// The calling worker's counters.
@@ -349,9 +160,9 @@ impl Server {
     /// server run in the order it sent them (a `set` then a `get` of the
     /// same key never overtake each other).
     ///
-    /// The pool's `timeout` starts now: [`Server::finish`] answers by then
-    /// whatever the connection is doing (connecting, failing its set-up,
-    /// waiting behind other requests).
+    /// The pool's `timeout` starts now: the connection answers the request
+    /// by then whatever it is doing (connecting, failing its set-up,
+    /// waiting behind other requests or a streamed reply).
     pub async fn submit(&self, data: Bytes, framing: &'static dyn Framing, requester: &Requester) -> Pending {
         let (tx, rx) = oneshot::channel();
         let c = self.counters();
@@ -365,25 +176,19 @@ impl Server {
         let account = requester.account.clone();
         let job = Job { data, framing, reply: tx, account: account.clone(), deadline };
         if let Err(mpsc::error::SendError(job)) = queues[requester.affinity % queues.len()].send(job).await {
-            connection::unqueue(c, &job);
-            let _ = job.reply.send(Err(BackendError::Gone));
+            connection::fail(c, job, &BackendError::Gone);
         }
-        Pending { rx, deadline, account }
+        Pending { rx, account }
     }
 
-    /// Waits for a submitted request's reply, at most until its deadline,
-    /// and records the outcome.
+    /// Waits for a submitted request's reply and records the outcome.
     pub async fn finish(&self, pending: Pending) -> Result<Reply, BackendError> {
-        let Pending { rx, deadline, account } = pending;
-        let result = match deadline {
-            Some(d) => tokio::time::timeout_at(d, rx).await.unwrap_or(Ok(Err(BackendError::Timeout))),
-            None => rx.await,
-        };
-        let result = result.unwrap_or_else(|_| Err(BackendError::Closed("connection reset".into())));
+        let Pending { rx, account } = pending;
+        let result = rx.await.unwrap_or_else(|_| Err(BackendError::Closed("connection reset".into())));
         match &result {
             Ok(reply) => {
                 account.taken(accounted(reply));
-                self.failures.store(0, Relaxed);
+                self.health.succeeded();
             }
             Err(e) => {
                 let c = self.counters();
@@ -399,36 +204,12 @@ impl Server {
     /// Forgets past failures and ends any connect back-off (when an
     /// ejected server is restored by hand).
     pub fn reset_failures(&self) {
-        self.failures.store(0, Relaxed);
-        self.retry.notify_waiters();
+        self.health.reset();
     }
 
     /// Gives an auto-ejected server another chance on probation: its next
-    /// failure ejects it again at once (a reply resets its failures), and
-    /// its connections try again now.
+    /// failure ejects it again at once.
     pub fn probation(&self) {
-        self.failures.store(self.failure_limit - 1, Relaxed);
-        self.retry.notify_waiters();
-    }
-
-    fn record_failure(&self, why: &str) {
-        let n = self.failures.fetch_add(1, Relaxed) + 1;
-        if n == self.failure_limit {
-            tracing::warn!(server = %self.line.id, failures = n, "server failing: {why}");
-            if let Some(tx) = &self.on_failure {
-                let _ = tx.send(self.line.id.clone());
-            }
-        }
-    }
-
-    fn record_connected(&self) {
-        if self.down.swap(false, Relaxed) {
-            tracing::info!(server = %self.line.id, "server reachable again");
-        }
-    }
-
-    /// Marks the server unreachable; true if it was not already.
-    fn record_down(&self) -> bool {
-        !self.down.swap(true, Relaxed)
+        self.health.probation();
     }
 }

@@ -1,0 +1,192 @@
+//! What travels between a client session and a server connection: a
+//! request ([`Job`]) with its reply channel and deadline, who it is for
+//! ([`Requester`], with its [`ReplyAccount`]), and why it got no reply
+//! ([`BackendError`]).
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use super::framing::{Framing, Reply, Setup};
+
+/// Why a request got no reply from its server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackendError {
+    /// The server could not be reached, or refused the connection's set-up.
+    Connect(String),
+    /// No reply within the pool's `timeout`.
+    Timeout,
+    /// The connection closed or broke with the request outstanding.
+    Closed(String),
+    /// The server sent something that is not a reply.
+    Protocol(String),
+    /// The proxy is shutting down or the server was removed.
+    Gone,
+    /// A reply that had to be held whole was over this many bytes (it was
+    /// read past).
+    TooLarge(usize),
+    /// The reply was dropped: its client holds too many unread replies
+    /// (its connection is closing).
+    Overflow,
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::Connect(e) => write!(f, "cannot connect: {e}"),
+            BackendError::Timeout => f.write_str("timed out"),
+            BackendError::Closed(e) => write!(f, "connection lost: {e}"),
+            BackendError::Protocol(e) => write!(f, "bad reply: {e}"),
+            BackendError::Gone => f.write_str("server removed"),
+            BackendError::TooLarge(limit) => write!(f, "reply over {limit} bytes"),
+            BackendError::Overflow => f.write_str("reply dropped: the client holds too many unread replies"),
+        }
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// Where a server is reached.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Address {
+    /// `host:port` over TCP.
+    Tcp(String),
+    /// A unix socket path.
+    Unix(String),
+}
+
+impl Address {
+    /// The address a server line's id names: `/path` is a unix socket
+    /// (twemproxy's form), anything else `host:port`.
+    pub fn of_id(id: &str) -> Address {
+        if id.starts_with('/') {
+            Address::Unix(id.to_owned())
+        } else {
+            Address::Tcp(id.to_owned())
+        }
+    }
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Address::Tcp(a) | Address::Unix(a) => f.write_str(a),
+        }
+    }
+}
+
+/// Connection settings of a pool's servers.
+#[derive(Clone, Debug)]
+pub struct BackendSettings {
+    /// Connections per server per worker (twemproxy's `server_connections`).
+    pub connections: usize,
+    /// Reply timeout from when a request is queued (twemproxy's `timeout`;
+    /// none: wait).
+    pub timeout: Option<Duration>,
+    /// Connect at start instead of on the first request.
+    pub preconnect: bool,
+    /// Consecutive failures that make a server a candidate for ejection.
+    pub failure_limit: u32,
+    /// Commands every new connection runs first.
+    pub setup: Option<Setup>,
+}
+
+/// A client connection's account of reply bytes that have arrived from
+/// servers and that it has not taken yet. Past its limit, further replies
+/// for it are dropped and it is told to close (a client that never reads
+/// cannot make the proxy hold more).
+#[derive(Debug)]
+pub struct ReplyAccount {
+    held: AtomicUsize,
+    limit: usize,
+    overflowed: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl ReplyAccount {
+    /// An account that overflows once it holds `limit` bytes.
+    pub fn new(limit: usize) -> Arc<ReplyAccount> {
+        Arc::new(ReplyAccount {
+            held: AtomicUsize::new(0),
+            limit: limit.max(1),
+            overflowed: AtomicBool::new(false),
+            notify: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Relaxed)
+    }
+
+    /// Whether it has overflowed.
+    pub fn is_overflowed(&self) -> bool {
+        self.overflowed.load(Relaxed)
+    }
+
+    /// Resolves once the account has overflowed.
+    pub async fn overflowed(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.is_overflowed() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// A reply of `n` bytes arrives: `false` (and the account overflows)
+    /// when it already holds its limit.
+    pub(super) fn deliver(&self, n: usize) -> bool {
+        if self.held.load(Relaxed) >= self.limit {
+            if !self.overflowed.swap(true, Relaxed) {
+                self.notify.notify_waiters();
+            }
+            return false;
+        }
+        self.held.fetch_add(n, Relaxed);
+        true
+    }
+
+    pub(super) fn taken(&self, n: usize) {
+        self.held.fetch_sub(n, Relaxed);
+    }
+}
+
+/// Bytes a reply accounts for while it waits for its client (a stream's
+/// chunks are bounded by its channel instead).
+pub(super) fn accounted(reply: &Reply) -> usize {
+    match reply {
+        Reply::Whole(b) => b.len(),
+        Reply::Stream(_) => 0,
+    }
+}
+
+/// Who a request is for.
+#[derive(Clone, Debug)]
+pub struct Requester {
+    /// The client connection's number: its requests to a server share one
+    /// server connection, so they run in the order it sent them.
+    pub affinity: usize,
+    /// Its account of reply bytes.
+    pub account: Arc<ReplyAccount>,
+}
+
+/// Where a request's reply is sent.
+pub(super) type ReplyTx = oneshot::Sender<Result<Reply, BackendError>>;
+
+/// One request on its way to a server.
+pub(super) struct Job {
+    pub data: Bytes,
+    pub framing: &'static dyn Framing,
+    pub reply: ReplyTx,
+    pub account: Arc<ReplyAccount>,
+    /// When it must have been answered (the pool's `timeout` from when it
+    /// was submitted).
+    pub deadline: Option<tokio::time::Instant>,
+}
