@@ -7,14 +7,14 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use chash::analysis::{sampling_floor_cv, Balance};
-use chash::config::{AnyPlacement, Distribution, Pool, DISTRIBUTIONS};
 use chash::PointRing;
+use chash::{AnyPlacement, Distribution, PoolConfig, DISTRIBUTIONS};
 use clap::Args;
 use indicatif::ProgressBar;
 use serde_json::{json, Value};
 
 use crate::keys::{KeyArgs, KeySet};
-use crate::pool_args::{default_hash, PoolArgs};
+use crate::pool_args::PoolArgs;
 use crate::progress;
 use crate::svg;
 
@@ -102,46 +102,20 @@ struct Analysis {
     arcs: Option<Vec<RingArc>>,
 }
 
-/// The arcs of a point ring as fractions of the space, owners as indices
-/// into the placement's nodes: the first point owns the wrap-around.
-fn arcs_of<P: PointRing>(ring: &P) -> Vec<RingArc> {
-    let hashes = ring.point_hashes();
-    let space = 2f64.powi(ring.space_bits() as i32);
-    let mut arcs = Vec::with_capacity(hashes.len() + 1);
-    let mut start = 0.0;
-    for (pos, &h) in hashes.iter().enumerate() {
-        let end = (h as f64 + 1.0) / space;
-        arcs.push((start, end, ring.point_owner(pos)));
-        start = end;
-    }
-    if let Some(first) = arcs.first().map(|a| a.2) {
-        arcs.push((start, 1.0, first));
-    }
-    arcs
-}
-
 /// Number of points, where the placement is made of them.
 pub fn point_count(p: &AnyPlacement) -> Option<usize> {
-    ring_points(p).map(|(n, _)| n)
+    p.point_ring().map(|r| r.point_hashes().len())
 }
 
 /// Points of the placement and, when there are few, its arcs.
 fn ring_points(p: &AnyPlacement) -> Option<(usize, Option<Vec<RingArc>>)> {
-    fn small<P: PointRing>(ring: &P) -> (usize, Option<Vec<RingArc>>) {
-        let n = ring.point_hashes().len();
-        (n, (n <= RING_DIAGRAM_POINTS).then(|| arcs_of(ring)))
-    }
-    match p {
-        AnyPlacement::Ring(r) => Some(small(r)),
-        AnyPlacement::Ketama(r) => Some(small(r)),
-        AnyPlacement::Nginx(r) => Some(small(r)),
-        AnyPlacement::Bounded(b) => Some(small(b.ring())),
-        _ => None,
-    }
+    let ring = p.point_ring()?;
+    let n = ring.point_hashes().len();
+    Some((n, (n <= RING_DIAGRAM_POINTS).then(|| chash::analysis::arcs(&ring))))
 }
 
 /// Places `keys` with `pool`'s placement and measures the shares.
-fn analyse(pool: &Pool, keys: &KeySet, bar: &ProgressBar) -> Result<Analysis> {
+fn analyse(pool: &PoolConfig, keys: &KeySet, bar: &ProgressBar) -> Result<Analysis> {
     let snapshot = pool.snapshot()?;
     let placement = snapshot.placement();
     let nodes = snapshot.nodes();
@@ -199,11 +173,11 @@ fn analyse(pool: &Pool, keys: &KeySet, bar: &ProgressBar) -> Result<Analysis> {
 
 /// The pool under another distribution: the pool's hash if that
 /// distribution takes it, else the distribution's default.
-fn under(pool: &Pool, distribution: Distribution) -> Pool {
+fn under(pool: &PoolConfig, distribution: Distribution) -> PoolConfig {
     let mut other = pool.clone();
     other.distribution = distribution;
     if other.check_supported().is_err() {
-        other.hash = default_hash(distribution);
+        other.hash = distribution.native_hash();
     }
     other
 }
@@ -270,7 +244,7 @@ fn stack(charts: &[String]) -> String {
 
 fn write_svg(
     path: &Path,
-    pool: &Pool,
+    pool: &PoolConfig,
     keys: &KeySet,
     main: &Analysis,
     others: &[(Distribution, Result<Analysis>)],
@@ -308,7 +282,7 @@ fn write_svg(
 
 fn print_text(
     out: &mut impl Write,
-    pool: &Pool,
+    pool: &PoolConfig,
     keys: &KeySet,
     main: &Analysis,
     others: &[(Distribution, Result<Analysis>)],

@@ -7,7 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use chash::config::{AnyPlacement, Snapshot};
+use chash::{AnyPlacement, Placement, Snapshot};
 use clap::Args;
 use serde_json::json;
 

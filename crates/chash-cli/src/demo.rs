@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use chash::analysis::{sampling_floor_cv, Balance};
-use chash::config::{Distribution, Pool, Snapshot};
+use chash::{Distribution, PoolConfig, Snapshot};
 use chash::{Node, ServerLine};
 use chash_proxy::embedded::{start_shard, Shard};
 use chash_proxy::{Address, PoolSpec, ProxyOptions};
@@ -107,10 +107,10 @@ async fn pool_spec(
     }
     let servers =
         SPEC.iter().map(|(id, w)| format!("{id}:{w}").parse::<ServerLine>()).collect::<chash::Result<Vec<_>>>()?;
-    let mut pool = Pool::from_servers(servers);
+    let mut pool = PoolConfig::from_servers(servers);
     pool.name = name.into();
     pool.distribution = distribution;
-    pool.file.listen = Some("127.0.0.1:0".into());
+    pool.listen = "127.0.0.1:0".into();
     Ok((PoolSpec { config: pool, addresses }, shards))
 }
 
@@ -444,7 +444,7 @@ fn compare(keys: &[String]) -> Result<Vec<AlgoRow>> {
             .iter()
             .map(|(id, w)| format!("{id}:{}", if weighted { *w } else { 1 }).parse::<ServerLine>())
             .collect::<chash::Result<Vec<_>>>()?;
-        let mut pool = Pool::from_servers(servers);
+        let mut pool = PoolConfig::from_servers(servers);
         pool.distribution = distribution;
         pool.hash = hash.parse()?;
         let before = pool.snapshot()?;
@@ -477,21 +477,7 @@ fn compare(keys: &[String]) -> Result<Vec<AlgoRow>> {
 
 /// The ring's arcs as fractions of the hash space, with their owners.
 fn ring_arcs(s: &Snapshot) -> Vec<(f64, f64, usize)> {
-    use chash::PointRing;
-    let chash::config::AnyPlacement::Ring(ring) = s.placement() else { return Vec::new() };
-    let hashes = ring.point_hashes();
-    let space = 2f64.powi(ring.space_bits() as i32);
-    let mut arcs = Vec::with_capacity(hashes.len() + 1);
-    let mut prev = 0.0;
-    for (pos, &h) in hashes.iter().enumerate() {
-        let at = h as f64 / space;
-        arcs.push((prev, at, ring.point_owner(pos)));
-        prev = at;
-    }
-    if !hashes.is_empty() {
-        arcs.push((prev, 1.0, ring.point_owner(0)));
-    }
-    arcs
+    s.placement().point_ring().map(|r| chash::analysis::arcs(&r)).unwrap_or_default()
 }
 
 fn count(s: &Snapshot, keys: &[String]) -> Vec<f64> {

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 use chash::analysis::optimal_movement;
-use chash::config::{AnyPlacement, Distribution, Pool, Snapshot};
 use chash::ServerLine;
+use chash::{AnyPlacement, Distribution, Placement, PoolConfig, Snapshot};
 use clap::Args;
 use serde_json::{json, Value};
 
@@ -62,7 +62,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "NEW.yml")]
     to: PathBuf,
 
-    /// Pool to compare, in both files (default: each file's first pool).
+    /// PoolConfig to compare, in both files (default: each file's first pool).
     #[arg(long, value_name = "NAME")]
     pool: Option<String>,
 
@@ -155,7 +155,7 @@ impl Change {
 }
 
 /// Whether two pools place keys alike but for their servers.
-fn same_settings(a: &Pool, b: &Pool) -> bool {
+fn same_settings(a: &PoolConfig, b: &PoolConfig) -> bool {
     a.hash == b.hash
         && a.hash_tag == b.hash_tag
         && a.distribution == b.distribution
@@ -218,7 +218,7 @@ fn int_json(v: i128) -> Value {
     }
 }
 
-fn side_json(file: &Path, pool: &Pool, s: &Snapshot) -> Value {
+fn side_json(file: &Path, pool: &PoolConfig, s: &Snapshot) -> Value {
     json!({
         "file": file.display().to_string(),
         "pool": pool.name,
@@ -359,7 +359,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         return Ok(());
     }
 
-    let side = |file: &Path, p: &Pool, s: &Snapshot| {
+    let side = |file: &Path, p: &PoolConfig, s: &Snapshot| {
         format!("{} pool {} ({}, hash {}, {} servers)", file.display(), p.name, p.distribution, p.hash, s.nodes().len())
     };
     writeln!(out, "from: {}", side(&args.from, &old_pool, &old))?;

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
-use chash::config::{Config, Distribution, Pool};
-use chash::{KeyHasher, ServerLine};
+use chash::config::Config;
+use chash::{Distribution, PoolConfig};
 use clap::Args;
 
 /// Where the servers come from, and the placement settings for `--node`.
@@ -15,7 +15,7 @@ pub struct PoolArgs {
     #[arg(short = 'c', long = "config", value_name = "FILE")]
     config: Option<PathBuf>,
 
-    /// Pool to use (default: the first pool in the file).
+    /// PoolConfig to use (default: the first pool in the file).
     #[arg(long, value_name = "NAME", requires = "config")]
     pool: Option<String>,
 
@@ -64,73 +64,68 @@ pub struct PoolArgs {
     capacity: Option<u32>,
 }
 
-/// Pool `name` (or the first) of the config file at `path`.
+/// PoolConfig `name` (or the first) of the config file at `path`.
 ///
 /// # Errors
 /// An unreadable file, an invalid config or an unknown pool, each naming the file.
-pub fn pool_from_file(path: &Path, name: Option<&str>) -> Result<Pool> {
+pub fn pool_from_file(path: &Path, name: Option<&str>) -> Result<PoolConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let config = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
     config.pool(name).with_context(|| path.display().to_string())
 }
 
-/// The hash a distribution uses when none is named: twemproxy's for its own
-/// distributions, nginx's CRC-32, chash's xxh3 for the rest.
-pub fn default_hash(distribution: Distribution) -> KeyHasher {
-    match distribution {
-        Distribution::Ketama | Distribution::Modula | Distribution::Random => KeyHasher::Fnv1a64,
-        Distribution::Nginx => KeyHasher::Crc32a,
-        _ => KeyHasher::Xxh3,
-    }
-}
-
 impl PoolArgs {
-    /// The pool the arguments describe.
+    /// The pool the arguments describe: the file's, or one built from the
+    /// flags by the library's validating builder with chash's defaults.
     ///
     /// # Errors
     /// As [`pool_from_file`]; no servers; a bad server line, name or
     /// parameter, or a parameter for another distribution.
-    pub fn pool(&self, command: &str) -> Result<Pool> {
+    pub fn pool(&self, command: &str) -> Result<PoolConfig> {
         if let Some(path) = &self.config {
             return pool_from_file(path, self.pool.as_deref());
         }
         if self.node.is_empty() {
             bail!("no servers: give -c FILE, or one or more --node SERVERLINE (see chash {command} --help)");
         }
-        let servers = self.node.iter().map(|s| s.parse::<ServerLine>()).collect::<chash::Result<Vec<_>>>()?;
-        let mut pool = Pool::from_servers(servers);
-        pool.distribution = self.distribution.parse::<Distribution>()?;
-        pool.hash = match &self.hash {
-            Some(h) => h.parse::<KeyHasher>()?,
-            None => default_hash(pool.distribution),
-        };
-        pool.vnodes = self.vnodes;
-        if let Some(template) = &self.point_label {
-            if !matches!(pool.distribution, Distribution::Ring | Distribution::Bounded) {
-                bail!("--point-label applies to distributions ring and bounded only");
-            }
-            pool.point_label = template.parse()?;
+        let mut b = PoolConfig::native_builder("cli").distribution(&self.distribution);
+        for line in &self.node {
+            b = b.server_line(line);
         }
-        let only = |flag: &str, set: bool, d: Distribution| -> Result<()> {
-            if set && pool.distribution != d {
-                bail!("{flag} applies to distribution {d} only");
-            }
-            Ok(())
+        let d: Distribution = self.distribution.parse()?;
+        // --vnodes has a default: it is the ring's setting, so it is only
+        // passed for the distributions it applies to.
+        if matches!(d, Distribution::Ring | Distribution::Bounded) {
+            b = b.vnodes(self.vnodes);
+        }
+        b = match &self.hash {
+            Some(h) => b.hash(h),
+            None => b,
         };
-        only("--table-size", self.table_size.is_some(), Distribution::Maglev)?;
-        only("--probes", self.probes.is_some(), Distribution::Multiprobe)?;
-        only("--balance-factor", self.balance_factor.is_some(), Distribution::Bounded)?;
-        only("--capacity", self.capacity.is_some(), Distribution::Anchor)?;
-        pool.maglev_table_size = self.table_size.unwrap_or(pool.maglev_table_size);
-        pool.probes = self.probes.unwrap_or(pool.probes);
-        pool.balance_factor = self.balance_factor.unwrap_or(pool.balance_factor);
-        pool.anchor_capacity = self.capacity.unwrap_or(pool.anchor_capacity);
-        pool.hash_tag = match self.hash_tag.as_deref().map(str::as_bytes) {
-            None => None,
-            Some(&[open, close]) => Some([open, close]),
-            Some(_) => bail!("--hash-tag must be exactly two characters, e.g. '{{}}'"),
+        b = match &self.hash_tag {
+            Some(t) => b.hash_tag(t),
+            None => b,
         };
-        pool.check_supported()?;
-        Ok(pool)
+        b = match &self.point_label {
+            Some(t) => b.point_label(t),
+            None => b,
+        };
+        b = match self.table_size {
+            Some(v) => b.maglev_table_size(v),
+            None => b,
+        };
+        b = match self.probes {
+            Some(v) => b.probes(v),
+            None => b,
+        };
+        b = match self.balance_factor {
+            Some(v) => b.balance_factor(v),
+            None => b,
+        };
+        b = match self.capacity {
+            Some(v) => b.anchor_capacity(v),
+            None => b,
+        };
+        Ok(b.build()?)
     }
 }

@@ -11,7 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use chash::config::{Config, Pool};
+use chash::config::Config;
+use chash::PoolConfig;
 use chash::ServerLine;
 use chash_proxy::{Address, PoolSpec, ProxyOptions, Running};
 use clap::Args;
@@ -251,13 +252,13 @@ impl Log {
     }
 }
 
-fn load(path: &Path) -> Result<Vec<Pool>> {
+fn load(path: &Path) -> Result<Vec<PoolConfig>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let config = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
     let mut pools = Vec::new();
     for (name, _) in &config.pools {
         let pool = config.pool(Some(name))?;
-        if pool.distribution != chash::config::Distribution::Random {
+        if pool.distribution != chash::Distribution::Random {
             pool.snapshot().with_context(|| format!("{}: pool {name:?}", path.display()))?;
         }
         pools.push(pool);
@@ -402,9 +403,9 @@ async fn embedded_pool(memory: u64, listen: &str) -> Result<(PoolSpec, tokio::sy
         addresses.insert(name.to_owned(), Address::Tcp(shard.addr.to_string()));
         servers.push(format!("{name}:1").parse::<ServerLine>()?);
     }
-    let mut pool = Pool::from_servers(servers);
+    let mut pool = PoolConfig::from_servers(servers);
     pool.name = "embedded".into();
-    pool.file.listen = Some(listen.to_owned());
+    pool.listen = listen.to_owned();
     Ok((PoolSpec { config: pool, addresses }, stop))
 }
 

@@ -3,6 +3,7 @@
 use std::io::{self, Write};
 
 use anyhow::Result;
+use chash::Placement;
 use clap::{Args, ValueEnum};
 
 use crate::keys::{for_each_key, write_json_string};

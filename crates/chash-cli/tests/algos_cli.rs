@@ -5,8 +5,8 @@ mod common;
 
 use common::chash;
 
-use chash::config::{Distribution, Pool};
 use chash::ServerLine;
+use chash::{Distribution, PoolConfig};
 
 #[test]
 fn every_distribution_routes_as_the_library_does() {
@@ -23,7 +23,7 @@ fn every_distribution_routes_as_the_library_does() {
         let second = chash(&args, input.as_bytes());
         assert_eq!(first.stdout, second.stdout, "{name}: two runs differ");
 
-        let mut pool = Pool::from_servers(servers.iter().map(|s| s.parse::<ServerLine>().unwrap()).collect());
+        let mut pool = PoolConfig::from_servers(servers.iter().map(|s| s.parse::<ServerLine>().unwrap()).collect());
         pool.distribution = name.parse::<Distribution>().unwrap();
         let snapshot = pool.snapshot().unwrap();
         let expected: String = keys

@@ -7,7 +7,8 @@ use common::chash;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use chash::config::{Config, Pool};
+use chash::config::Config;
+use chash::PoolConfig;
 use chash::ServerLine;
 use serde_json::Value;
 
@@ -44,7 +45,7 @@ fn config(distribution: &str, servers: &[&str]) -> String {
     format!("p:\n  distribution: {distribution}\n  hash: {hash}\n  servers:\n{servers}")
 }
 
-fn pool_of(text: &str) -> Pool {
+fn pool_of(text: &str) -> PoolConfig {
     Config::from_yaml(text).unwrap().pool(None).unwrap()
 }
 
@@ -74,7 +75,7 @@ fn f(v: &Value) -> f64 {
 fn analyze_matches_the_library() {
     let servers = ["a:1", "b:2", "c:1"];
     let doc = json(&["analyze", "--node", "a:1", "--node", "b:2", "--node", "c:1", "--keys", "20000", "--json"]);
-    let pool = Pool::from_servers(servers.iter().map(|s| s.parse::<ServerLine>().unwrap()).collect());
+    let pool = PoolConfig::from_servers(servers.iter().map(|s| s.parse::<ServerLine>().unwrap()).collect());
     let snapshot = pool.snapshot().unwrap();
     let ownership = snapshot.placement().ownership().unwrap();
     let mut counts: HashMap<&str, u64> = HashMap::new();

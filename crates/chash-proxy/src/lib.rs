@@ -23,12 +23,12 @@
 //!   the `Framing` seam the protocols implement.
 //! - `stats` (one list of counters, per worker thread), `workers` (one
 //!   single-threaded runtime per thread), `options`.
-//! - [`embedded`]: in-process cache shards for the no-config default.
+//! - [`embedded`] (`memcache/shard.rs`): in-process cache shards speaking
+//!   memcached, for the no-config default and the demo.
 
 mod admin;
 mod backend;
 mod conn;
-pub mod embedded;
 pub mod memcache;
 mod options;
 mod pool;
@@ -40,6 +40,7 @@ mod twemproxy_stats;
 mod workers;
 
 pub use backend::{Address, Frame, Framing};
+pub use memcache::shard as embedded;
 pub use options::{
     ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER, DEFAULT_DRAIN, DEFAULT_MAX_REDIS_VALUE, DEFAULT_MAX_VALUE,
     DEFAULT_STATS_INTERVAL,

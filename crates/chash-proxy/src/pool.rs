@@ -17,11 +17,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use chash::config::{AnyPlacement, Distribution, Pool as PoolConfig, Snapshot};
 use chash::ServerLine;
-use tokio::sync::mpsc;
+use chash::{AnyPlacement, Distribution, PoolConfig, Snapshot};
 
-use crate::backend::{Address, BackendSettings, Server, Setup};
+use crate::backend::{Address, BackendSettings, FailureHook, Server, Setup};
 use crate::stats::{described, PerWorker, PoolCounters, PoolEvents, PoolSnapshot, ServerSnapshot};
 use crate::workers::Workers;
 
@@ -52,23 +51,22 @@ impl PoolSettings {
     /// The settings a pool's config asks for; `setup` is what its server
     /// connections run first.
     pub fn of(pool: &PoolConfig, setup: Option<Setup>) -> PoolSettings {
-        let f = &pool.file;
         PoolSettings {
-            listen: f.listen.clone().unwrap_or_else(|| "127.0.0.1:22121".into()),
+            listen: pool.listen.clone(),
             backend: BackendSettings {
-                connections: f.server_connections.unwrap_or(1).max(1) as usize,
-                timeout: f.timeout.filter(|&t| t > 0).map(Duration::from_millis),
-                preconnect: f.preconnect.unwrap_or(false),
-                failure_limit: f.server_failure_limit.unwrap_or(2).max(1),
+                connections: pool.server_connections as usize,
+                timeout: pool.timeout,
+                preconnect: pool.preconnect,
+                failure_limit: pool.server_failure_limit,
                 setup,
             },
-            auto_eject: f.auto_eject_hosts.unwrap_or(false),
-            retry_timeout: Duration::from_millis(f.server_retry_timeout.unwrap_or(30_000)),
-            client_connections: u64::from(f.client_connections.unwrap_or(0)),
-            backlog: f.backlog.unwrap_or(512),
-            redis: f.redis == Some(true),
-            redis_auth: f.redis_auth.clone(),
-            redis_db: f.redis_db.unwrap_or(0),
+            auto_eject: pool.auto_eject_hosts,
+            retry_timeout: pool.server_retry_timeout,
+            client_connections: u64::from(pool.client_connections),
+            backlog: pool.backlog,
+            redis: pool.redis,
+            redis_auth: pool.redis_auth.clone(),
+            redis_db: pool.redis_db,
         }
     }
 }
@@ -250,7 +248,7 @@ pub struct Pool {
     config: Mutex<PoolConfig>,
     addresses: HashMap<String, Address>,
     state: ArcSwap<PoolState>,
-    failures: mpsc::UnboundedSender<String>,
+    on_failure: FailureHook,
     workers: Arc<Workers>,
     counters: Arc<PerWorker<PoolCounters>>,
     /// Counters of events that are not per request.
@@ -278,11 +276,22 @@ impl Pool {
         setup: Option<Setup>,
     ) -> Result<Arc<Pool>, PoolError> {
         let settings = PoolSettings::of(&config, setup);
-        let (failures, failure_rx) = mpsc::unbounded_channel();
+        // Ejection happens on the failing connection's thread, before the
+        // failed requests are answered: their clients' next requests go to
+        // the placement without the server.
+        let cell: Arc<std::sync::OnceLock<std::sync::Weak<Pool>>> = Arc::default();
+        let on_failure: FailureHook = {
+            let cell = cell.clone();
+            Arc::new(move |id: &str| {
+                if let Some(pool) = cell.get().and_then(std::sync::Weak::upgrade) {
+                    pool.auto_eject(id);
+                }
+            })
+        };
         let mut members = Vec::new();
         for line in &config.servers {
             let address = addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-            let server = Server::start(&workers, line.clone(), address, &settings.backend, Some(failures.clone()));
+            let server = Server::start(&workers, line.clone(), address, &settings.backend, Some(on_failure.clone()));
             members.push(Member { line: line.clone(), server, ejected: None });
         }
         let routing = build_routing(&config, &members)?;
@@ -292,18 +301,19 @@ impl Pool {
             config: Mutex::new(config),
             addresses,
             state: ArcSwap::from_pointee(PoolState { members, routing }),
-            failures,
+            on_failure,
             counters: Arc::new(PerWorker::new(workers.count())),
             workers,
             events: PoolEvents::default(),
         });
-        tokio::spawn(health_task(Arc::downgrade(&pool), failure_rx));
+        let _ = cell.set(Arc::downgrade(&pool));
+        tokio::spawn(retry_task(Arc::downgrade(&pool)));
         Ok(pool)
     }
 
     fn start_server(&self, line: ServerLine) -> Arc<Server> {
         let address = self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-        Server::start(&self.workers, line, address, &self.settings.backend, Some(self.failures.clone()))
+        Server::start(&self.workers, line, address, &self.settings.backend, Some(self.on_failure.clone()))
     }
 
     /// The workers the pool's connections run on.
@@ -370,10 +380,20 @@ impl Pool {
     }
 
     /// Applies a change to the members under the change lock, rebuilds the
-    /// routing and swaps it in.
+    /// routing and swaps it in, then measures what moved.
     fn change(
         &self,
         what: String,
+        step_of: impl FnOnce(&PoolState) -> Result<Step, PoolError>,
+        edit: impl FnOnce(&mut PoolConfig, &mut Vec<Member>) -> Result<(), PoolError>,
+    ) -> Result<Change, PoolError> {
+        self.apply(what, Measure::Always, step_of, edit)
+    }
+
+    fn apply(
+        &self,
+        what: String,
+        measure: Measure,
         step_of: impl FnOnce(&PoolState) -> Result<Step, PoolError>,
         edit: impl FnOnce(&mut PoolConfig, &mut Vec<Member>) -> Result<(), PoolError>,
     ) -> Result<Change, PoolError> {
@@ -384,11 +404,13 @@ impl Pool {
         let mut next_config = config.clone();
         edit(&mut next_config, &mut members)?;
         let routing = next_routing(old.routing.as_ref(), step, &next_config, &members)?;
-        let moved_fraction = moved_fraction(old.routing.as_ref(), &old.members, routing.as_ref(), &members);
         let live_servers = members.iter().filter(|m| m.ejected.is_none()).count();
         *config = next_config;
-        self.state.store(Arc::new(PoolState { members, routing }));
+        let new = Arc::new(PoolState { members, routing });
+        self.state.store(new.clone());
+        drop(config);
         self.events.membership_changes.fetch_add(1, Relaxed);
+        let moved_fraction = moved_fraction(&old, &new, measure);
         tracing::info!(pool = %self.name, moved = format!("{:.4}", moved_fraction), live_servers, "{what}");
         Ok(Change { change: what, moved_fraction, live_servers })
     }
@@ -534,7 +556,10 @@ impl Pool {
         }
         let until = Instant::now() + self.settings.retry_timeout;
         let step = |st: &PoolState| -> Result<Step, PoolError> { Ok(live_step(st, id, Step::Remove(id.to_owned()))) };
-        let result = self.change(format!("auto-ejected failing server {id}"), step, |config, members| {
+        // On a connection's thread: only an exact (cheap) measure of what
+        // moved, no sampling.
+        let what = format!("auto-ejected failing server {id}");
+        let result = self.apply(what, Measure::ExactOnly, step, |config, members| {
             let at = find(members, id, &config.name)?;
             if members[at].ejected.is_some() {
                 return Err(PoolError::AlreadyEjected(id.to_owned()));
@@ -566,7 +591,8 @@ impl Pool {
             .collect();
         for id in due {
             let step = |st: &PoolState| -> Result<Step, PoolError> { restore_step(st, &id, &self.name) };
-            let _ = self.change(format!("retrying ejected server {id}"), step, |config, members| {
+            let what = format!("retrying ejected server {id}");
+            let _ = self.apply(what, Measure::ExactOnly, step, |config, members| {
                 let at = find(members, &id, &config.name)?;
                 members[at].ejected = None;
                 members[at].server.probation();
@@ -583,20 +609,14 @@ fn find(members: &[Member], id: &str, pool: &str) -> Result<usize, PoolError> {
         .ok_or_else(|| PoolError::UnknownServer { pool: pool.to_owned(), id: id.to_owned() })
 }
 
-async fn health_task(pool: std::sync::Weak<Pool>, mut failures: mpsc::UnboundedReceiver<String>) {
+/// Gives auto-ejected servers another chance when their time is up.
+async fn retry_task(pool: std::sync::Weak<Pool>) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            id = failures.recv() => {
-                let (Some(id), Some(pool)) = (id, pool.upgrade()) else { return };
-                pool.auto_eject(&id);
-            }
-            _ = tick.tick() => {
-                let Some(pool) = pool.upgrade() else { return };
-                pool.retry_due();
-            }
-        }
+        tick.tick().await;
+        let Some(pool) = pool.upgrade() else { return };
+        pool.retry_due();
     }
 }
 
@@ -714,30 +734,45 @@ fn placed(snapshot: Snapshot, config: &PoolConfig, members: &[Member]) -> Result
     Ok(Routing::Placed { snapshot, to_member })
 }
 
-/// Share of the key space whose server changes between two routings:
+/// How what a change moved is measured.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Measure {
+    /// Exactly for placements made of points, else on 100,000 sampled keys.
+    Always,
+    /// Exactly, or not at all (NaN).
+    ExactOnly,
+}
+
+/// Share of the key space whose server changes between two states:
 /// exact for placements made of points, else measured on 100,000 keys.
-fn moved_fraction(old: Option<&Routing>, old_m: &[Member], new: Option<&Routing>, new_m: &[Member]) -> f64 {
-    let (Some(Routing::Placed { snapshot: a, .. }), Some(Routing::Placed { snapshot: b, .. })) = (old, new) else {
-        return if old.is_some() != new.is_some() { 1.0 } else { sampled(old, old_m, new, new_m) };
+fn moved_fraction(old: &PoolState, new: &PoolState, measure: Measure) -> f64 {
+    let (old_r, new_r) = (old.routing.as_ref(), new.routing.as_ref());
+    let (Some(Routing::Placed { snapshot: a, .. }), Some(Routing::Placed { snapshot: b, .. })) = (old_r, new_r) else {
+        return if old_r.is_some() != new_r.is_some() { 1.0 } else { sampled(old, new, measure) };
     };
     match a.placement().diff(b.placement()) {
         Some(Ok(d)) => d.moved,
-        _ => sampled(old, old_m, new, new_m),
+        _ => sampled(old, new, measure),
     }
 }
 
-fn sampled(old: Option<&Routing>, old_m: &[Member], new: Option<&Routing>, new_m: &[Member]) -> f64 {
+fn sampled(old: &PoolState, new: &PoolState, measure: Measure) -> f64 {
     const KEYS: usize = 100_000;
-    let owner = |r: Option<&Routing>, m: &[Member], key: &[u8]| -> Option<String> {
-        match r? {
-            Routing::Placed { snapshot, to_member } => Some(m[to_member[snapshot.route_index(key)?]].line.id.clone()),
+    if measure == Measure::ExactOnly {
+        return f64::NAN;
+    }
+    let owner = |st: &PoolState, key: &[u8]| -> Option<String> {
+        match st.routing.as_ref()? {
+            Routing::Placed { snapshot, to_member } => {
+                Some(st.members[to_member[snapshot.route_index(key)?]].line.id.clone())
+            }
             Routing::Random(_) => None,
         }
     };
     let mut moved = 0;
     for i in 0..KEYS {
         let key = format!("key:{i}");
-        if owner(old, old_m, key.as_bytes()) != owner(new, new_m, key.as_bytes()) {
+        if owner(old, key.as_bytes()) != owner(new, key.as_bytes()) {
             moved += 1;
         }
     }

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chash::config::Pool as PoolConfig;
+use chash::PoolConfig;
 use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::watch;
 
@@ -153,12 +153,8 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         None => Workers::current(),
     };
     for spec in pools {
-        let f = &spec.config.file;
-        let setup = if f.redis == Some(true) {
-            crate::redis::handshake::setup(f.redis_auth.as_deref(), f.redis_db.unwrap_or(0))
-        } else {
-            None
-        };
+        let c = &spec.config;
+        let setup = if c.redis { crate::redis::handshake::setup(c.redis_auth.as_deref(), c.redis_db) } else { None };
         let pool = Pool::start(spec.config, spec.addresses, workers.clone(), setup).map_err(StartError::Pool)?;
         let listener = bind(&pool.settings.listen, pool.settings.backlog).map_err(|source| StartError::Listen {
             what: format!("pool {:?}", pool.name),

@@ -99,7 +99,7 @@ impl Registry {
                 config.pool(Some(name)).map_err(|source| ReloadError::Config { path: path.clone(), source })?;
             let result = match self.pool(name) {
                 Some(pool) => {
-                    if pool_config.file.listen.as_deref().unwrap_or("127.0.0.1:22121") != pool.settings.listen {
+                    if pool_config.listen != pool.settings.listen {
                         tracing::warn!(pool = %name, "listen address changed: takes effect after a restart");
                     }
                     pool.reload(pool_config)

@@ -32,6 +32,28 @@ pub fn ownership<P: PointRing>(ring: &P) -> Vec<f64> {
     owned.into_iter().map(|o| o as f64 / space as f64).collect()
 }
 
+/// The arcs of a ring as `(start, end, owner)`: fractions of the hash space
+/// (`end` exclusive), in order, owners as node indices. A key with hash `h`
+/// belongs to the first point at or after `h`, so point `p` owns the hash
+/// values after the previous point up to `p` itself: its arc ends at
+/// `(p + 1) / 2^bits`. The first point also owns the wrap-around arc, the
+/// last one listed.
+pub fn arcs<P: PointRing>(ring: &P) -> Vec<(f64, f64, usize)> {
+    let hashes = ring.point_hashes();
+    let space = 2f64.powi(ring.space_bits() as i32);
+    let mut arcs = Vec::with_capacity(hashes.len() + 1);
+    let mut start = 0.0;
+    for (pos, &h) in hashes.iter().enumerate() {
+        let end = (h as f64 + 1.0) / space;
+        arcs.push((start, end, ring.point_owner(pos)));
+        start = end;
+    }
+    if !hashes.is_empty() && start < 1.0 {
+        arcs.push((start, 1.0, ring.point_owner(0)));
+    }
+    arcs
+}
+
 /// A contiguous range of hash values `first..=last` whose owner changes.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MovedArc {

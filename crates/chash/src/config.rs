@@ -20,94 +20,18 @@
 //! "#).unwrap();
 //! let pool = cfg.pool(None).unwrap();
 //! assert_eq!(pool.name, "alpha");
+//! assert_eq!(pool.listen, "127.0.0.1:22121");
 //! let snapshot = pool.snapshot().unwrap();
 //! assert!(snapshot.route(b"user:1").is_some());
 //! ```
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 
-use crate::algo::{
-    Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY, DEFAULT_BALANCE_FACTOR,
-    DEFAULT_MAGLEV_TABLE_SIZE, DEFAULT_PROBES,
-};
-use crate::compat::{twemproxy_order, Ketama, Modula, NginxChash};
-use crate::placement::Placement;
-use crate::ring::{Ring, DEFAULT_VNODES};
-use crate::PointLabel;
-use crate::{hash, Error, KeyHasher, Node, Result, ServerLine};
-
-/// Every `distribution:` name chash knows, implemented or not.
-pub const DISTRIBUTIONS: &[&str] =
-    &["ketama", "modula", "random", "nginx", "ring", "jump", "maglev", "rendezvous", "anchor", "multiprobe", "bounded"];
-
-/// A placement algorithm, as named by `distribution:`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Distribution {
-    /// twemproxy's and libmemcached's weighted ketama (twemproxy's default).
-    Ketama,
-    /// twemproxy's `hash % n` over the servers (weights ignored).
-    Modula,
-    /// twemproxy's random choice per request.
-    Random,
-    /// nginx's `hash $key consistent`.
-    Nginx,
-    /// chash's native weighted ring.
-    Ring,
-    /// Jump consistent hash (Lamping & Veach): [`Jump`].
-    Jump,
-    /// Maglev (Eisenbud et al.): [`Maglev`].
-    Maglev,
-    /// Rendezvous (highest random weight): [`Rendezvous`].
-    Rendezvous,
-    /// AnchorHash (also named `memento` in configs): [`Anchor`].
-    Anchor,
-    /// Multi-probe consistent hashing: [`MultiProbe`].
-    Multiprobe,
-    /// Consistent hashing with bounded loads over the ring: [`Bounded`].
-    Bounded,
-}
-
-impl Distribution {
-    /// The config name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Distribution::Ketama => "ketama",
-            Distribution::Modula => "modula",
-            Distribution::Random => "random",
-            Distribution::Nginx => "nginx",
-            Distribution::Ring => "ring",
-            Distribution::Jump => "jump",
-            Distribution::Maglev => "maglev",
-            Distribution::Rendezvous => "rendezvous",
-            Distribution::Anchor => "anchor",
-            Distribution::Multiprobe => "multiprobe",
-            Distribution::Bounded => "bounded",
-        }
-    }
-}
-
-impl fmt::Display for Distribution {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Distribution {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        use Distribution::*;
-        [Ketama, Modula, Random, Nginx, Ring, Jump, Maglev, Rendezvous, Anchor, Multiprobe, Bounded]
-            .into_iter()
-            .find(|d| d.name() == s || (s == "memento" && *d == Anchor))
-            .ok_or_else(|| Error::UnknownDistribution(s.to_owned()))
-    }
-}
+use crate::pool_config::{PoolBuilder, PoolConfig};
+use crate::{Error, Result};
 
 /// One pool as written in the file (all keys optional but `servers`).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
@@ -220,7 +144,7 @@ impl Config {
     ///
     /// # Errors
     /// [`Error::Config`] for an unknown name, or a pool whose settings are invalid.
-    pub fn pool(&self, name: Option<&str>) -> Result<Pool> {
+    pub fn pool(&self, name: Option<&str>) -> Result<PoolConfig> {
         let (n, p) = match name {
             Some(name) => self.pools.iter().find(|(n, _)| n == name).ok_or_else(|| {
                 let names: Vec<&str> = self.pools.iter().map(|(n, _)| n.as_str()).collect();
@@ -228,525 +152,58 @@ impl Config {
             })?,
             None => self.pools.first().ok_or_else(|| Error::Config("the config defines no pools".into()))?,
         };
-        Pool::from_file(n, p).map_err(|e| Error::Config(format!("pool {n:?}: {e}")))
+        p.resolve(n).map_err(|e| Error::Config(format!("pool {n:?}: {e}")))
     }
 }
 
-/// A pool with every setting resolved (defaults applied, names parsed).
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub struct Pool {
-    /// Pool name.
-    pub name: String,
-    /// Key hash.
-    pub hash: KeyHasher,
-    /// Hash tag delimiters.
-    pub hash_tag: Option<[u8; 2]>,
-    /// Placement algorithm.
-    pub distribution: Distribution,
-    /// Ring points per unit of weight.
-    pub vnodes: u32,
-    /// Ring point labels.
-    pub point_label: PointLabel,
-    /// Maglev's table size.
-    pub maglev_table_size: u64,
-    /// Multi-probe's probes per key.
-    pub probes: u32,
-    /// Bounded loads' factor `c`.
-    pub balance_factor: f64,
-    /// AnchorHash's bucket count.
-    pub anchor_capacity: u32,
-    /// Servers in file order.
-    pub servers: Vec<ServerLine>,
-    /// The file's settings as written (for the proxy's own keys).
-    pub file: PoolFile,
-}
-
-impl Pool {
-    /// Resolves a pool read from a file, with twemproxy's defaults.
+impl PoolFile {
+    /// The pool these keys describe, through [`PoolConfig::builder`]
+    /// (twemproxy's defaults; every key checked there).
     ///
     /// # Errors
-    /// Unknown hash or distribution names, a bad hash tag, a bad server line,
-    /// or no servers.
-    pub fn from_file(name: &str, file: &PoolFile) -> Result<Pool> {
-        let distribution: Distribution = file.distribution.as_deref().unwrap_or("ketama").parse()?;
-        // nginx hashes keys with CRC-32 and nothing else.
-        let default_hash = if distribution == Distribution::Nginx { "crc32a" } else { "fnv1a_64" };
-        let hash: KeyHasher = file.hash.as_deref().unwrap_or(default_hash).parse()?;
-        let hash_tag = match file.hash_tag.as_deref() {
-            None => None,
-            Some(tag) => match tag.as_bytes() {
-                &[open, close] => Some([open, close]),
-                _ => {
-                    return Err(Error::Config(format!(
-                        "hash_tag {tag:?} must be exactly two characters, e.g. \"{{}}\""
-                    )))
-                }
-            },
-        };
-        let servers = file.servers.iter().map(|s| s.parse()).collect::<Result<Vec<ServerLine>>>()?;
-        if servers.is_empty() {
-            return Err(Error::Config("it has no servers".into()));
-        }
-        if file.redis_db.is_some_and(|db| db > 0) && file.redis != Some(true) {
-            return Err(Error::Config("redis_db is set but redis is not true".into()));
-        }
-        let pool = Pool {
-            name: name.to_owned(),
-            hash,
-            hash_tag,
-            distribution,
-            vnodes: file.vnodes.unwrap_or(DEFAULT_VNODES),
-            point_label: match &file.point_label {
-                Some(t) => t.parse()?,
-                None => PointLabel::Native,
-            },
-            maglev_table_size: file.maglev_table_size.unwrap_or(DEFAULT_MAGLEV_TABLE_SIZE),
-            probes: file.probes.unwrap_or(DEFAULT_PROBES),
-            balance_factor: file.balance_factor.unwrap_or(DEFAULT_BALANCE_FACTOR),
-            anchor_capacity: file.anchor_capacity.unwrap_or(DEFAULT_ANCHOR_CAPACITY),
-            servers,
-            file: file.clone(),
-        };
-        use Distribution::{
-            Anchor as A, Bounded as B, Ketama, Maglev as M, Modula, Multiprobe as P, Nginx, Random, Ring as R,
-        };
-        let own_keys: [(&str, bool, &[Distribution]); 6] = [
-            ("vnodes", file.vnodes.is_some(), &[R, B]),
-            ("point_label", file.point_label.is_some(), &[R, B]),
-            ("maglev_table_size", file.maglev_table_size.is_some(), &[M]),
-            ("probes", file.probes.is_some(), &[P]),
-            ("balance_factor", file.balance_factor.is_some(), &[B]),
-            ("anchor_capacity", file.anchor_capacity.is_some(), &[A]),
-        ];
-        for (key, set, applies) in own_keys {
-            if set && !applies.contains(&distribution) {
-                let names: Vec<&str> = applies.iter().map(|d| d.name()).collect();
-                let to = match names.as_slice() {
-                    [one] => format!("distribution {one} only"),
-                    many => format!("distributions {}", many.join(" and ")),
-                };
-                return Err(Error::Config(format!("{key} applies to {to} (this pool's is {distribution})")));
+    /// As [`PoolBuilder::build`].
+    pub fn resolve(&self, name: &str) -> Result<PoolConfig> {
+        let mut b = PoolConfig::builder(name);
+        fn set<T: Clone>(b: PoolBuilder, v: &Option<T>, f: fn(PoolBuilder, T) -> PoolBuilder) -> PoolBuilder {
+            match v {
+                Some(v) => f(b, v.clone()),
+                None => b,
             }
         }
-        pool.check_supported()?;
-        if !matches!(distribution, Ketama | Modula | Random | Nginx | R) {
-            // Weights and parameters these algorithms refuse are errors of
-            // the file: build once to report them now (milliseconds at most).
-            pool.snapshot()?;
+        b = set(b, &self.listen, |b, v: String| b.listen(&v));
+        b = set(b, &self.hash, |b, v: String| b.hash(&v));
+        b = set(b, &self.hash_tag, |b, v: String| b.hash_tag(&v));
+        b = set(b, &self.distribution, |b, v: String| b.distribution(&v));
+        b = set(b, &self.timeout, PoolBuilder::timeout_ms);
+        b = set(b, &self.backlog, PoolBuilder::backlog);
+        b = set(b, &self.client_connections, PoolBuilder::client_connections);
+        b = set(b, &self.redis, PoolBuilder::redis);
+        b = set(b, &self.tcpkeepalive, PoolBuilder::tcpkeepalive);
+        b = set(b, &self.reuseport, PoolBuilder::reuseport);
+        b = set(b, &self.redis_auth, |b, v: String| b.redis_auth(&v));
+        b = set(b, &self.redis_db, PoolBuilder::redis_db);
+        b = set(b, &self.preconnect, PoolBuilder::preconnect);
+        b = set(b, &self.auto_eject_hosts, PoolBuilder::auto_eject_hosts);
+        b = set(b, &self.server_connections, PoolBuilder::server_connections);
+        b = set(b, &self.server_retry_timeout, PoolBuilder::server_retry_timeout_ms);
+        b = set(b, &self.server_failure_limit, PoolBuilder::server_failure_limit);
+        b = set(b, &self.vnodes, PoolBuilder::vnodes);
+        b = set(b, &self.point_label, |b, v: String| b.point_label(&v));
+        b = set(b, &self.maglev_table_size, PoolBuilder::maglev_table_size);
+        b = set(b, &self.probes, PoolBuilder::probes);
+        b = set(b, &self.balance_factor, PoolBuilder::balance_factor);
+        b = set(b, &self.anchor_capacity, PoolBuilder::anchor_capacity);
+        for line in &self.servers {
+            b = b.server_line(line);
         }
-        Ok(pool)
-    }
-
-    /// A pool from server lines with chash's own defaults (the `--node` flags).
-    pub fn from_servers(servers: Vec<ServerLine>) -> Pool {
-        Pool {
-            name: "cli".into(),
-            hash: KeyHasher::Xxh3,
-            hash_tag: None,
-            distribution: Distribution::Ring,
-            vnodes: DEFAULT_VNODES,
-            point_label: PointLabel::Native,
-            maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
-            probes: DEFAULT_PROBES,
-            balance_factor: DEFAULT_BALANCE_FACTOR,
-            anchor_capacity: DEFAULT_ANCHOR_CAPACITY,
-            servers,
-            file: PoolFile::default(),
-        }
-    }
-
-    /// Checks that this version of chash can place keys for this pool.
-    ///
-    /// # Errors
-    /// [`Error::Unsupported`] for a hash the distribution cannot take.
-    pub fn check_supported(&self) -> Result<()> {
-        match self.distribution {
-            Distribution::Ring | Distribution::Modula | Distribution::Random => Ok(()),
-            Distribution::Jump
-            | Distribution::Maglev
-            | Distribution::Rendezvous
-            | Distribution::Anchor
-            | Distribution::Multiprobe
-            | Distribution::Bounded => Ok(()),
-            Distribution::Ketama if self.hash.bits() > 32 => Err(Error::Unsupported(format!(
-                "distribution ketama has a 32-bit continuum, but hash {} gives {}-bit values",
-                self.hash,
-                self.hash.bits()
-            ))),
-            Distribution::Ketama => Ok(()),
-            Distribution::Nginx if self.hash != KeyHasher::Crc32a => Err(Error::Unsupported(format!(
-                "distribution nginx hashes keys with CRC-32 (crc32a) only, not {}",
-                self.hash
-            ))),
-            Distribution::Nginx => Ok(()),
-        }
-    }
-
-    /// Builds the placement for this pool.
-    ///
-    /// # Errors
-    /// As [`Pool::check_supported`]; `random` (which has no fixed placement);
-    /// placement errors such as duplicate server ids, `vnodes: 0`, weights
-    /// for an algorithm without them, or a bad `maglev_table_size`,
-    /// `probes`, `balance_factor` or `anchor_capacity`.
-    pub fn snapshot(&self) -> Result<Snapshot> {
-        self.check_supported()?;
-        let nodes = self.servers.iter().map(ServerLine::to_node).collect::<Result<Vec<Node>>>()?;
-        let ring = |nodes| {
-            Ring::builder().hasher(self.hash).vnodes(self.vnodes).point_label(self.point_label.clone()).build(nodes)
-        };
-        let placement = match self.distribution {
-            Distribution::Ring => AnyPlacement::Ring(ring(nodes)?),
-            Distribution::Bounded => AnyPlacement::Bounded(Box::new(Bounded::new(ring(nodes)?, self.balance_factor)?)),
-            Distribution::Jump => AnyPlacement::Jump(Jump::with_hasher(nodes, self.hash)?),
-            Distribution::Rendezvous => AnyPlacement::Rendezvous(Rendezvous::with_hasher(nodes, self.hash)?),
-            Distribution::Maglev => AnyPlacement::Maglev(
-                Maglev::builder().hasher(self.hash).table_size(self.maglev_table_size).build(nodes)?,
-            ),
-            Distribution::Anchor => {
-                AnyPlacement::Anchor(Box::new(Anchor::with_capacity(nodes, self.hash, self.anchor_capacity)?))
-            }
-            Distribution::Multiprobe => {
-                AnyPlacement::MultiProbe(MultiProbe::with_probes(nodes, self.hash, self.probes)?)
-            }
-            Distribution::Ketama => AnyPlacement::Ketama(Ketama::new(twemproxy_order(nodes)?, self.hash)?),
-            Distribution::Modula => AnyPlacement::Modula(Modula::new(twemproxy_order(nodes)?, self.hash)?),
-            Distribution::Nginx => AnyPlacement::Nginx(NginxChash::new(nodes)?),
-            Distribution::Random => {
-                return Err(Error::Unsupported(
-                    "distribution random sends each request to a random server: keys have no fixed place to route \
-                     (the proxy serves it; route, analyze and plan cannot)"
-                        .into(),
-                ))
-            }
-        };
-        let twemproxy_rules = matches!(self.distribution, Distribution::Ketama | Distribution::Modula);
-        Ok(Snapshot { hash_tag: self.hash_tag, twemproxy_rules, placement })
-    }
-}
-
-/// A built placement of any algorithm.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub enum AnyPlacement {
-    /// The native ring.
-    Ring(Ring),
-    /// twemproxy's / libmemcached's ketama.
-    Ketama(Ketama),
-    /// twemproxy's modula.
-    Modula(Modula),
-    /// nginx's consistent hash.
-    Nginx(NginxChash),
-    /// Jump consistent hash.
-    Jump(Jump),
-    /// Weighted rendezvous hashing.
-    Rendezvous(Rendezvous),
-    /// Maglev.
-    Maglev(Maglev),
-    /// AnchorHash (boxed: it is the largest).
-    Anchor(Box<Anchor>),
-    /// Multi-probe consistent hashing.
-    MultiProbe(MultiProbe),
-    /// Bounded loads over the native ring, with its load tracker (boxed).
-    Bounded(Box<Bounded>),
-}
-
-/// Calls `$body` with `$p` bound to the concrete placement.
-macro_rules! with_placement {
-    ($any:expr, $p:ident => $body:expr) => {
-        match $any {
-            AnyPlacement::Ring($p) => $body,
-            AnyPlacement::Ketama($p) => $body,
-            AnyPlacement::Modula($p) => $body,
-            AnyPlacement::Nginx($p) => $body,
-            AnyPlacement::Jump($p) => $body,
-            AnyPlacement::Rendezvous($p) => $body,
-            AnyPlacement::Maglev($p) => $body,
-            AnyPlacement::Anchor($p) => $body,
-            AnyPlacement::MultiProbe($p) => $body,
-            AnyPlacement::Bounded($p) => $body,
-        }
-    };
-}
-
-impl AnyPlacement {
-    /// The placement with `node` added, by the algorithm's own change:
-    /// merged into the ring, appended for jump, the top free bucket for
-    /// anchor, a rebuild for maglev and the compatibility placements (as the
-    /// original programs do). The load tracker of `bounded` keeps the loads
-    /// of the nodes that stay.
-    ///
-    /// # Errors
-    /// As the algorithm's `with_node` (duplicate id, weights it refuses, a
-    /// full anchor or a maglev table now too small).
-    pub fn with_node(&self, node: Node) -> Result<AnyPlacement> {
-        let hasher = self.hasher();
-        let nodes = || self.nodes().to_vec();
-        Ok(match self {
-            AnyPlacement::Ring(p) => AnyPlacement::Ring(p.with_node(node)?),
-            AnyPlacement::Ketama(_) => AnyPlacement::Ketama(Ketama::new(push(nodes(), node)?, hasher)?),
-            AnyPlacement::Modula(_) => AnyPlacement::Modula(Modula::new(push(nodes(), node)?, hasher)?),
-            AnyPlacement::Nginx(_) => AnyPlacement::Nginx(NginxChash::new(push(nodes(), node)?)?),
-            AnyPlacement::Jump(p) => AnyPlacement::Jump(p.with_node(node)?),
-            AnyPlacement::Rendezvous(p) => AnyPlacement::Rendezvous(p.with_node(node)?),
-            AnyPlacement::Maglev(p) => AnyPlacement::Maglev(p.with_node(node)?),
-            AnyPlacement::Anchor(p) => AnyPlacement::Anchor(Box::new(p.with_node(node)?)),
-            AnyPlacement::MultiProbe(p) => AnyPlacement::MultiProbe(p.with_node(node)?),
-            AnyPlacement::Bounded(p) => AnyPlacement::Bounded(Box::new(p.with_node(node)?)),
-        })
-    }
-
-    /// The placement without node `id`, by the algorithm's own change (see
-    /// [`with_node`](AnyPlacement::with_node)). For anchor this is what keeps
-    /// movement optimal: a fresh build of the shorter server list renumbers
-    /// the buckets after the removed one.
-    ///
-    /// # Errors
-    /// [`Error::UnknownNode`]; for jump, any node but the last.
-    pub fn without_node(&self, id: &str) -> Result<AnyPlacement> {
-        let hasher = self.hasher();
-        let rest = || -> Result<Vec<Node>> {
-            let at = self.nodes().iter().position(|n| n.id() == id).ok_or_else(|| Error::UnknownNode(id.to_owned()))?;
-            let mut nodes = self.nodes().to_vec();
-            nodes.remove(at);
-            Ok(nodes)
-        };
-        Ok(match self {
-            AnyPlacement::Ring(p) => AnyPlacement::Ring(p.without_node(id)?),
-            AnyPlacement::Ketama(_) => AnyPlacement::Ketama(Ketama::new(rest()?, hasher)?),
-            AnyPlacement::Modula(_) => AnyPlacement::Modula(Modula::new(rest()?, hasher)?),
-            AnyPlacement::Nginx(_) => AnyPlacement::Nginx(NginxChash::new(rest()?)?),
-            AnyPlacement::Jump(p) => AnyPlacement::Jump(p.without_node(id)?),
-            AnyPlacement::Rendezvous(p) => AnyPlacement::Rendezvous(p.without_node(id)?),
-            AnyPlacement::Maglev(p) => AnyPlacement::Maglev(p.without_node(id)?),
-            AnyPlacement::Anchor(p) => AnyPlacement::Anchor(Box::new(p.without_node(id)?)),
-            AnyPlacement::MultiProbe(p) => AnyPlacement::MultiProbe(p.without_node(id)?),
-            AnyPlacement::Bounded(p) => AnyPlacement::Bounded(Box::new(p.without_node(id)?)),
-        })
-    }
-
-    /// The placement where node `id` has `weight`.
-    ///
-    /// # Errors
-    /// [`Error::UnknownNode`], [`Error::ZeroWeight`];
-    /// [`Error::WeightsUnsupported`] for jump, anchor and multiprobe (unless
-    /// `weight` is 1, which changes nothing).
-    pub fn with_weight(&self, id: &str, weight: u32) -> Result<AnyPlacement> {
-        let hasher = self.hasher();
-        let reweighted = || -> Result<Vec<Node>> {
-            let at = self.nodes().iter().position(|n| n.id() == id).ok_or_else(|| Error::UnknownNode(id.to_owned()))?;
-            let mut nodes = self.nodes().to_vec();
-            nodes[at] = nodes[at].reweighted(weight)?;
-            Ok(nodes)
-        };
-        let unweighted = |distribution: &'static str| -> Result<()> {
-            reweighted()?;
-            if weight == 1 {
-                Ok(())
-            } else {
-                Err(Error::WeightsUnsupported { distribution, node: id.to_owned(), weight })
-            }
-        };
-        Ok(match self {
-            AnyPlacement::Ring(p) => AnyPlacement::Ring(p.with_weight(id, weight)?),
-            AnyPlacement::Ketama(_) => AnyPlacement::Ketama(Ketama::new(reweighted()?, hasher)?),
-            AnyPlacement::Modula(_) => AnyPlacement::Modula(Modula::new(reweighted()?, hasher)?),
-            AnyPlacement::Nginx(_) => AnyPlacement::Nginx(NginxChash::new(reweighted()?)?),
-            AnyPlacement::Rendezvous(p) => AnyPlacement::Rendezvous(p.with_weight(id, weight)?),
-            AnyPlacement::Maglev(p) => AnyPlacement::Maglev(p.with_weight(id, weight)?),
-            AnyPlacement::Bounded(p) => AnyPlacement::Bounded(Box::new(p.with_weight(id, weight)?)),
-            AnyPlacement::Jump(_) => {
-                unweighted("jump")?;
-                self.clone()
-            }
-            AnyPlacement::Anchor(_) => {
-                unweighted("anchor")?;
-                self.clone()
-            }
-            AnyPlacement::MultiProbe(_) => {
-                unweighted("multiprobe")?;
-                self.clone()
-            }
-        })
-    }
-
-    /// The nodes, in server-line order.
-    pub fn nodes(&self) -> &[Node] {
-        with_placement!(self, p => p.nodes())
-    }
-
-    /// The key hash.
-    pub fn hasher(&self) -> KeyHasher {
-        with_placement!(self, p => p.hasher())
-    }
-
-    /// Index of the node owning hash value `hash`.
-    #[inline]
-    pub fn locate_hash(&self, hash: u64) -> Option<usize> {
-        with_placement!(self, p => p.locate_hash(hash))
-    }
-
-    /// Distinct nodes for `hash`, owner first.
-    pub fn candidates_hash(&self, hash: u64) -> Vec<usize> {
-        with_placement!(self, p => p.candidates_hash(hash).collect())
-    }
-
-    /// Exact ownership of the hash space per node, where the placement is
-    /// made of points: the rings (for `bounded`, the ring's ownership, where
-    /// keys go while loads allow), and `multiprobe` (its expected shares,
-    /// computed from the node points: [`crate::algo::MultiProbe::expected_shares`]).
-    /// `None` for the others.
-    pub fn ownership(&self) -> Option<Vec<f64>> {
-        match self {
-            AnyPlacement::MultiProbe(p) => Some(p.expected_shares()),
-            AnyPlacement::Ring(p) => Some(crate::analysis::ownership(p)),
-            AnyPlacement::Ketama(p) => Some(crate::analysis::ownership(p)),
-            AnyPlacement::Nginx(p) => Some(crate::analysis::ownership(p)),
-            AnyPlacement::Bounded(p) => Some(crate::analysis::ownership(p.ring())),
-            _ => None,
-        }
-    }
-
-    /// The exact diff to `new` ([`crate::analysis::diff`]) when both are made
-    /// of points (the rings; `bounded` by its ring), else `None`.
-    pub fn diff(&self, new: &AnyPlacement) -> Option<Result<crate::analysis::Diff>> {
-        fn against<A: crate::PointRing>(old: &A, new: &AnyPlacement) -> Option<Result<crate::analysis::Diff>> {
-            Some(match new {
-                AnyPlacement::Ring(n) => crate::analysis::diff(old, n),
-                AnyPlacement::Ketama(n) => crate::analysis::diff(old, n),
-                AnyPlacement::Nginx(n) => crate::analysis::diff(old, n),
-                AnyPlacement::Bounded(n) => crate::analysis::diff(old, n.ring()),
-                _ => return None,
-            })
-        }
-        match self {
-            AnyPlacement::Ring(o) => against(o, new),
-            AnyPlacement::Ketama(o) => against(o, new),
-            AnyPlacement::Nginx(o) => against(o, new),
-            AnyPlacement::Bounded(o) => against(o.ring(), new),
-            _ => None,
-        }
-    }
-
-    /// The node for a request for hash value `hash` that holds load until
-    /// [`release`](AnyPlacement::release)d: with `bounded`, the first node
-    /// under its cap ([`Bounded::acquire_hash`]); otherwise the owner.
-    #[inline]
-    pub fn acquire_hash(&self, hash: u64) -> Option<usize> {
-        match self {
-            AnyPlacement::Bounded(b) => b.acquire_hash(hash),
-            p => p.locate_hash(hash),
-        }
-    }
-
-    /// Gives back the load an [`acquire_hash`](AnyPlacement::acquire_hash)
-    /// took on node `i` (nothing to do but for `bounded`).
-    pub fn release(&self, i: usize) {
-        if let AnyPlacement::Bounded(b) = self {
-            b.release(i);
-        }
-    }
-}
-
-/// An immutable routing table for one pool: the placement plus the pool's key
-/// rules (hash tag, and twemproxy's: an empty key, or a pool of one server,
-/// hashes to 0). Share it with `arc-swap`; a change builds a new one.
-#[derive(Clone, Debug)]
-pub struct Snapshot {
-    hash_tag: Option<[u8; 2]>,
-    twemproxy_rules: bool,
-    placement: AnyPlacement,
-}
-
-/// `nodes` with `node` appended, unless its id is taken.
-fn push(mut nodes: Vec<Node>, node: Node) -> Result<Vec<Node>> {
-    if nodes.iter().any(|n| n.id() == node.id()) {
-        return Err(Error::DuplicateNode(node.id().to_owned()));
-    }
-    nodes.push(node);
-    Ok(nodes)
-}
-
-impl Snapshot {
-    /// A new snapshot with `node` added (same key rules); see
-    /// [`AnyPlacement::with_node`].
-    ///
-    /// # Errors
-    /// As [`AnyPlacement::with_node`].
-    pub fn with_node(&self, node: Node) -> Result<Snapshot> {
-        Ok(Snapshot {
-            hash_tag: self.hash_tag,
-            twemproxy_rules: self.twemproxy_rules,
-            placement: self.placement.with_node(node)?,
-        })
-    }
-
-    /// A new snapshot without node `id`; see [`AnyPlacement::without_node`].
-    ///
-    /// # Errors
-    /// As [`AnyPlacement::without_node`].
-    pub fn without_node(&self, id: &str) -> Result<Snapshot> {
-        Ok(Snapshot {
-            hash_tag: self.hash_tag,
-            twemproxy_rules: self.twemproxy_rules,
-            placement: self.placement.without_node(id)?,
-        })
-    }
-
-    /// A new snapshot where node `id` has `weight`; see [`AnyPlacement::with_weight`].
-    ///
-    /// # Errors
-    /// As [`AnyPlacement::with_weight`].
-    pub fn with_weight(&self, id: &str, weight: u32) -> Result<Snapshot> {
-        Ok(Snapshot {
-            hash_tag: self.hash_tag,
-            twemproxy_rules: self.twemproxy_rules,
-            placement: self.placement.with_weight(id, weight)?,
-        })
-    }
-
-    /// The placement.
-    pub fn placement(&self) -> &AnyPlacement {
-        &self.placement
-    }
-
-    /// The hash input for `key` after the hash tag rule.
-    pub fn hashed_part<'k>(&self, key: &'k [u8]) -> &'k [u8] {
-        hash::tagged(key, self.hash_tag)
-    }
-
-    /// The position of `key` on the hash space, as the pool's program computes it.
-    #[inline]
-    pub fn key_hash(&self, key: &[u8]) -> u64 {
-        let part = self.hashed_part(key);
-        if self.twemproxy_rules && (part.is_empty() || self.placement.nodes().len() == 1) {
-            return 0;
-        }
-        self.placement.hasher().hash(part)
-    }
-
-    /// Index of the server that owns `key`.
-    #[inline]
-    pub fn route_index(&self, key: &[u8]) -> Option<usize> {
-        self.placement.locate_hash(self.key_hash(key))
-    }
-
-    /// Id of the server that owns `key`.
-    #[inline]
-    pub fn route(&self, key: &[u8]) -> Option<&str> {
-        self.route_index(key).map(|i| self.placement.nodes()[i].id())
-    }
-
-    /// The nodes, in server-line order.
-    pub fn nodes(&self) -> &[Node] {
-        self.placement.nodes()
+        b.build()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{KeyHasher, Node, ServerLine, DISTRIBUTIONS};
 
     const FULL: &str = r#"
 alpha:
@@ -782,9 +239,8 @@ beta:
         let servers: Vec<ServerLine> = ["a:1", "b:1", "c:1", "d:1"].iter().map(|s| s.parse().unwrap()).collect();
         let keys: Vec<String> = (0..3000).map(|i| format!("k{i}")).collect();
         for d in DISTRIBUTIONS.iter().filter(|d| **d != "random") {
-            let mut pool = Pool::from_servers(servers.clone());
-            pool.distribution = d.parse().unwrap();
-            pool.hash = if *d == "nginx" { KeyHasher::Crc32a } else { KeyHasher::Fnv1a64 };
+            let hash = if *d == "nginx" { "crc32a" } else { "fnv1a_64" };
+            let pool = PoolConfig::builder("t").distribution(d).hash(hash).servers(servers.clone()).build().unwrap();
             let s = pool.snapshot().unwrap();
             let grown = s.with_node(Node::new("e", 1).unwrap()).unwrap();
             assert_eq!(grown.nodes().len(), 5, "{d}");
@@ -816,7 +272,7 @@ beta:
         let a = cfg.pool(Some("alpha")).unwrap();
         assert_eq!((a.hash, a.hash_tag, a.vnodes), (KeyHasher::Fnv1a64, Some(*b"{}"), 100));
         assert_eq!(a.servers[0].name.as_deref(), Some("one"));
-        assert_eq!(a.file.server_connections, Some(2));
+        assert_eq!((a.server_connections, a.redis_db, a.timeout), (2, 1, Some(std::time::Duration::from_millis(400))));
         assert_eq!(cfg.pool(None).unwrap().name, "alpha");
         let s = a.snapshot().unwrap();
         assert_eq!(s.route(b"x{tag}y"), s.route(b"tag"));

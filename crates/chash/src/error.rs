@@ -31,9 +31,19 @@ pub enum Error {
         limit: u64,
     },
     /// A hash function name that chash does not know.
-    UnknownHash(String),
+    UnknownHash {
+        /// The name given.
+        name: String,
+        /// The names chash knows, comma-separated.
+        known: String,
+    },
     /// A distribution name that chash does not know.
-    UnknownDistribution(String),
+    UnknownDistribution {
+        /// The name given.
+        name: String,
+        /// The names chash knows, comma-separated.
+        known: String,
+    },
     /// A known setting with a value chash does not support (yet, or at all).
     Unsupported(String),
     /// Two placements cannot be compared (different hash spaces, or one is empty).
@@ -78,10 +88,8 @@ impl fmt::Display for Error {
                 f,
                 "the placement needs {requested} points, more than the limit of {limit}: lower vnodes or the weights"
             ),
-            Error::UnknownHash(name) => write!(f, "unknown hash {name:?} (known: {})", crate::KeyHasher::names()),
-            Error::UnknownDistribution(name) => {
-                write!(f, "unknown distribution {name:?} (known: {})", crate::config::DISTRIBUTIONS.join(", "))
-            }
+            Error::UnknownHash { name, known } => write!(f, "unknown hash {name:?} (known: {known})"),
+            Error::UnknownDistribution { name, known } => write!(f, "unknown distribution {name:?} (known: {known})"),
             Error::Unsupported(what) => f.write_str(what),
             Error::Incomparable(why) => write!(f, "cannot compare placements: {why}"),
             Error::ServerLine { line, reason } => write!(f, "bad server line {line:?}: {reason}"),

@@ -493,7 +493,11 @@ impl FromStr for KeyHasher {
     /// Parses a hasher name; matching is exact (config files are case-sensitive
     /// in twemproxy too).
     fn from_str(s: &str) -> Result<Self> {
-        Self::ALL.iter().copied().find(|h| h.name() == s).ok_or_else(|| Error::UnknownHash(s.to_owned()))
+        Self::ALL
+            .iter()
+            .copied()
+            .find(|h| h.name() == s)
+            .ok_or_else(|| Error::UnknownHash { name: s.to_owned(), known: Self::names() })
     }
 }
 
@@ -532,7 +536,7 @@ mod tests {
         for &h in KeyHasher::ALL {
             assert_eq!(h.name().parse::<KeyHasher>().unwrap(), h);
         }
-        assert!(matches!("MD5".parse::<KeyHasher>(), Err(Error::UnknownHash(_))));
+        assert!(matches!("MD5".parse::<KeyHasher>(), Err(Error::UnknownHash { .. })));
     }
 
     #[test]

@@ -32,28 +32,42 @@
 //!   [`Rendezvous`](algo::Rendezvous), [`Maglev`](algo::Maglev),
 //!   [`Anchor`](algo::Anchor), [`MultiProbe`](algo::MultiProbe) and
 //!   [`Bounded`](algo::Bounded) loads — one file each.
-//! - [`analysis`]: exact ownership, diffs between placements, sampled load.
-//! - [`config`]: twemproxy-shaped YAML, pools and routing [`Snapshot`](config::Snapshot)s.
+//! - [`AnyPlacement`] (`any_placement`): a built placement of any
+//!   algorithm, behind the same trait, and [`AnyPointRing`] for those made
+//!   of points; [`Snapshot`] (`snapshot`): a pool's routing table.
+//! - [`analysis`]: exact ownership, arcs, diffs between placements, sampled load.
+//! - [`config`]: twemproxy-shaped YAML files; [`PoolConfig`]
+//!   (`pool_config`): a pool with every setting resolved, made by the one
+//!   validating [`PoolBuilder`]; [`Distribution`] (`distribution`): the
+//!   algorithms by name.
 //!
 //! The crate is pure: no I/O, no threads, no global state. Lookups take
 //! `&self`, never allocate, and every type is `Send + Sync`.
 
 pub mod algo;
 pub mod analysis;
+mod any_placement;
 pub mod compat;
 pub mod config;
+mod distribution;
 mod error;
 pub mod hash;
 mod node;
 mod placement;
 mod points;
+mod pool_config;
 mod ring;
+mod snapshot;
 
+pub use any_placement::{AnyCandidates, AnyPlacement, AnyPointRing};
+pub use distribution::{Distribution, DISTRIBUTIONS};
 pub use error::{Error, Result};
 pub use hash::KeyHasher;
 pub use node::{Node, ServerLine};
 pub use placement::{Placement, PointRing};
+pub use pool_config::{PoolBuilder, PoolConfig, DEFAULT_LISTEN};
 pub use ring::{LabelPart, PointLabel, Ring, RingBuilder, RingCandidates, DEFAULT_VNODES, MAX_POINTS};
+pub use snapshot::Snapshot;
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

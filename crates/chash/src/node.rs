@@ -189,6 +189,19 @@ impl fmt::Display for ServerLine {
     }
 }
 
+/// Index of the node `id`.
+pub(crate) fn index_of<T>(nodes: &[Node<T>], id: &str) -> Result<usize> {
+    nodes.iter().position(|n| n.id() == id).ok_or_else(|| Error::UnknownNode(id.to_owned()))
+}
+
+/// Err unless every node has weight 1.
+pub(crate) fn check_unweighted<T>(nodes: &[Node<T>], distribution: &'static str) -> Result<()> {
+    match nodes.iter().find(|n| n.weight() != 1) {
+        Some(n) => Err(Error::WeightsUnsupported { distribution, node: n.id().to_owned(), weight: n.weight() }),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

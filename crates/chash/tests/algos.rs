@@ -628,5 +628,5 @@ fn types_are_send_and_sync() {
     check::<chash::algo::MaglevCandidates<'static>>();
     check::<chash::algo::AnchorCandidates<'static, ()>>();
     check::<chash::algo::MultiProbeCandidates<'static>>();
-    check::<chash::config::AnyPlacement>();
+    check::<chash::AnyPlacement>();
 }

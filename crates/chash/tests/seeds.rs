@@ -3,7 +3,8 @@
 
 use std::path::PathBuf;
 
-use chash::config::{Config, Snapshot};
+use chash::config::Config;
+use chash::Snapshot;
 use chash::{Error, KeyHasher, Placement, PointLabel, PointRing};
 
 fn snapshot(file: &str) -> Snapshot {
@@ -33,7 +34,7 @@ fn seed001_without_virtual_nodes() {
 #[test]
 fn seed001_with_virtual_nodes() {
     let s = snapshot("seed001-vn.yml");
-    let chash::config::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
+    let chash::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
     // The 25 virtual-node hashes the seed prints, server by server, VN0..VN4.
     let printed: [[i128; 5]; 5] = [
         [426_605_410, 806_679_074, 1_854_117_913, 1_685_468_505, 819_484_125],
@@ -86,7 +87,7 @@ fn seed003_murmur_ring_and_removal() {
         assert_eq!(route(&s, key), (node, hash), "{key}");
     }
     // Removing n2 moves exactly its three clients and nothing else.
-    let chash::config::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
+    let chash::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
     let without = ring.without_node("n2").unwrap();
     let moved: Vec<(&str, &str)> = printed
         .iter()
@@ -119,7 +120,7 @@ fn seed003_murmur_ring_and_removal() {
 fn seed003_printed_move_log_comes_from_its_view_bug() {
     use std::collections::BTreeMap;
     let s = snapshot("seed003.yml");
-    let chash::config::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
+    let chash::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
     let hasher = ring.hasher();
     let label: PointLabel = "SHARD-{id}-NODE-{i}".parse().unwrap();
     let mut points: BTreeMap<u64, usize> = ring.points().collect();
@@ -168,7 +169,7 @@ fn seed002_config_builds() {
 #[test]
 fn seed000_ring_as_a_config() {
     let s = snapshot("seed000.yml");
-    let chash::config::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
+    let chash::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
     assert_eq!(ring.point_count(), 50 + 80 + 20 + 100);
     let label: PointLabel = "{id}{i*}".parse().unwrap();
     let a = &ring.nodes()[0];
@@ -192,7 +193,7 @@ fn seed000_ring_as_a_config() {
 #[test]
 fn seed004_ring_as_a_config() {
     let s = snapshot("seed004.yml");
-    let chash::config::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
+    let chash::AnyPlacement::Ring(ring) = s.placement() else { panic!("a ring") };
     assert_eq!(ring.point_count(), 5);
     for (pos, &p) in ring.point_hashes().iter().enumerate() {
         let id = ring.nodes()[ring.point_owner(pos)].id();

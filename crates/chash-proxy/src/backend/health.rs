@@ -5,23 +5,36 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 
-use tokio::sync::{mpsc, Notify};
+use std::fmt;
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+/// Called with a server's id when its failures reach the limit, on the
+/// thread of the connection that failed, before the failed requests are
+/// answered (so a pool that ejects it does so before their clients retry).
+pub type FailureHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// One server's health.
-#[derive(Debug)]
 pub struct Health {
     id: String,
     failures: AtomicU32,
     down: AtomicBool,
     limit: u32,
-    on_failure: Option<mpsc::UnboundedSender<String>>,
+    on_failure: Option<FailureHook>,
     retry: Notify,
 }
 
+impl fmt::Debug for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Health").field("id", &self.id).field("failures", &self.failures()).finish()
+    }
+}
+
 impl Health {
-    /// Health of server `id`: `on_failure` receives the id when `limit`
+    /// Health of server `id`: `on_failure` is called when `limit`
     /// consecutive failures are reached.
-    pub fn new(id: String, limit: u32, on_failure: Option<mpsc::UnboundedSender<String>>) -> Health {
+    pub fn new(id: String, limit: u32, on_failure: Option<FailureHook>) -> Health {
         Health {
             id,
             failures: AtomicU32::new(0),
@@ -59,8 +72,8 @@ impl Health {
         let n = self.failures.fetch_add(1, Relaxed) + 1;
         if n == self.limit {
             tracing::warn!(server = %self.id, failures = n, "server failing: {why}");
-            if let Some(tx) = &self.on_failure {
-                let _ = tx.send(self.id.clone());
+            if let Some(hook) = &self.on_failure {
+                hook(&self.id);
             }
         }
     }

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use connection::sleep_until_opt;
 pub use framing::{Frame, Framing, Large, Reply, ReplyStream, Scan, Setup};
-pub use health::Health;
+pub use health::{FailureHook, Health};
 pub use request::{Address, BackendError, BackendSettings, ReplyAccount, Requester};
 
 use crate::stats::{described, Desc, Histogram, HistogramValues, PerWorker, ServerCounters, ServerEvents};
@@ -64,14 +64,14 @@ impl fmt::Debug for Server {
 impl Server {
     /// Starts the connection tasks of a server: `settings.connections` on
     /// each worker, so requests queued from a worker's client connections
-    /// stay on that worker's thread. `on_failure` receives the server's id
-    /// when its consecutive failures reach the failure limit.
+    /// stay on that worker's thread. `on_failure` is called with the
+    /// server's id when its consecutive failures reach the failure limit.
     pub fn start(
         workers: &Workers,
         line: ServerLine,
         address: Address,
         settings: &BackendSettings,
-        on_failure: Option<mpsc::UnboundedSender<String>>,
+        on_failure: Option<FailureHook>,
     ) -> Arc<Server> {
         let health = Arc::new(Health::new(line.id.clone(), settings.failure_limit, on_failure));
         let counters = Arc::new(PerWorker::new(workers.count()));

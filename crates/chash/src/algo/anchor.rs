@@ -1,8 +1,8 @@
 //! AnchorHash (Mendelson, Vargaftik, Barabash, Lorenz, Keslassy, Orda,
 //! 2020): `distribution: anchor` (alias `memento`).
 
-use crate::algo::{check_unweighted, index_of, mix2, reduce};
-use crate::node::check_unique;
+use super::mix::{mix2, reduce};
+use crate::node::{check_unique, check_unweighted, index_of};
 use crate::placement::Placement;
 use crate::{Error, KeyHasher, Node, Result};
 

@@ -1,7 +1,6 @@
 //! Jump consistent hash (Lamping & Veach, 2014): `distribution: jump`.
 
-use crate::algo::{check_unweighted, index_of};
-use crate::node::check_unique;
+use crate::node::{check_unique, check_unweighted, index_of};
 use crate::placement::Placement;
 use crate::{Error, KeyHasher, Node, Result};
 

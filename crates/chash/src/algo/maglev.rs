@@ -1,7 +1,7 @@
 //! Maglev hashing (Eisenbud et al., NSDI 2016): `distribution: maglev`.
 
-use crate::algo::{id_hash, index_of};
-use crate::node::check_unique;
+use super::mix::id_hash;
+use crate::node::{check_unique, index_of};
 use crate::placement::Placement;
 use crate::points::Seen;
 use crate::ring::MAX_POINTS;

@@ -1,8 +1,8 @@
 //! Multi-probe consistent hashing (Appleton & O'Reilly, 2015):
 //! `distribution: multiprobe`.
 
-use crate::algo::{check_unweighted, id_hash, index_of, mix2};
-use crate::node::check_unique;
+use super::mix::{id_hash, mix2};
+use crate::node::{check_unique, check_unweighted, index_of};
 use crate::placement::Placement;
 use crate::points::{id_ranks, Points};
 use crate::{Error, KeyHasher, Node, Result};

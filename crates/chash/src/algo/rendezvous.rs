@@ -3,8 +3,8 @@
 
 use std::cmp::Ordering;
 
-use crate::algo::{fmix64, id_hash, index_of, mix2};
-use crate::node::check_unique;
+use super::mix::{fmix64, id_hash, mix2};
+use crate::node::{check_unique, index_of};
 use crate::placement::Placement;
 use crate::points::id_ranks;
 use crate::{KeyHasher, Node, Result};

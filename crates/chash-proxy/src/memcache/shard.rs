@@ -21,8 +21,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::memcache::request::skip_discarded;
-use crate::memcache::{parse_more_keys, parse_request, ArithOp, Limits, Parsed, Request, RetrievalCmd, StorageCmd};
+use super::request::skip_discarded;
+use super::{parse_more_keys, parse_request, ArithOp, Limits, Parsed, Request, RetrievalCmd, StorageCmd};
 
 /// Largest value a shard stores (memcached's default item size limit).
 pub const MAX_VALUE: usize = 1024 * 1024;

@@ -1,0 +1,521 @@
+//! [`PoolConfig`]: a pool with every setting resolved — twemproxy's keys
+//! with twemproxy's defaults, chash's own placement keys — and the one
+//! validating [`PoolBuilder`] that both a config file and the command
+//! line's `--node` flags go through.
+
+use std::time::Duration;
+
+use crate::algo::{
+    Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY, DEFAULT_BALANCE_FACTOR,
+    DEFAULT_MAGLEV_TABLE_SIZE, DEFAULT_PROBES,
+};
+use crate::any_placement::AnyPlacement;
+use crate::compat::{twemproxy_order, Ketama, Modula, NginxChash};
+use crate::distribution::Distribution;
+use crate::ring::{PointLabel, Ring, DEFAULT_VNODES};
+use crate::snapshot::Snapshot;
+use crate::{Error, KeyHasher, Node, Result, ServerLine};
+
+/// Where a pool listens when its config does not say.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:22121";
+
+/// A pool with every setting resolved (defaults applied, names parsed,
+/// combinations checked). Build one with [`PoolConfig::builder`].
+#[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
+pub struct PoolConfig {
+    /// Pool name.
+    pub name: String,
+    /// Key hash.
+    pub hash: KeyHasher,
+    /// Hash tag delimiters.
+    pub hash_tag: Option<[u8; 2]>,
+    /// Placement algorithm.
+    pub distribution: Distribution,
+    /// Ring points per unit of weight (`ring`, `bounded`; default 160).
+    pub vnodes: u32,
+    /// Ring point labels (`ring`, `bounded`).
+    pub point_label: PointLabel,
+    /// Maglev's table size (default 65537).
+    pub maglev_table_size: u64,
+    /// Multi-probe's probes per key (default 21).
+    pub probes: u32,
+    /// Bounded loads' factor `c` (default 1.25).
+    pub balance_factor: f64,
+    /// AnchorHash's bucket count (default 1024).
+    pub anchor_capacity: u32,
+    /// Servers in the order given.
+    pub servers: Vec<ServerLine>,
+    /// `HOST:PORT` to listen on (`listen`; default 127.0.0.1:22121).
+    pub listen: String,
+    /// Reply timeout (`timeout` in ms; none, the default: wait forever).
+    pub timeout: Option<Duration>,
+    /// Listen backlog (`backlog`; default 512).
+    pub backlog: u32,
+    /// Most client connections, 0 for no limit (`client_connections`; default 0).
+    pub client_connections: u32,
+    /// Whether the pool speaks Redis (`redis`; default false: memcached).
+    pub redis: bool,
+    /// The password of the Redis servers, required from clients too (`redis_auth`).
+    pub redis_auth: Option<String>,
+    /// The Redis database on the servers (`redis_db`; default 0).
+    pub redis_db: u32,
+    /// Connect to every server at start (`preconnect`; default false).
+    pub preconnect: bool,
+    /// Eject servers that keep failing (`auto_eject_hosts`; default false).
+    pub auto_eject_hosts: bool,
+    /// Connections per server (`server_connections`; default 1).
+    pub server_connections: u32,
+    /// How long an ejected server stays out (`server_retry_timeout`; default 30 s).
+    pub server_retry_timeout: Duration,
+    /// Consecutive failures that eject a server (`server_failure_limit`; default 2).
+    pub server_failure_limit: u32,
+    /// TCP keepalive on server connections (`tcpkeepalive`; default false).
+    pub tcpkeepalive: bool,
+    /// `SO_REUSEPORT` on the listener (`reuseport`; default false).
+    pub reuseport: bool,
+}
+
+impl PoolConfig {
+    /// A builder with twemproxy's defaults (`distribution: ketama`, `hash:
+    /// fnv1a_64`), as a config file has them.
+    pub fn builder(name: &str) -> PoolBuilder {
+        PoolBuilder::new(name, Defaults::Twemproxy)
+    }
+
+    /// A builder with chash's own defaults (`distribution: ring`, and the
+    /// distribution's [native hash](Distribution::native_hash)), as the
+    /// command line's `--node` flags have them.
+    pub fn native_builder(name: &str) -> PoolBuilder {
+        PoolBuilder::new(name, Defaults::Native)
+    }
+
+    /// A pool of `servers` with chash's own defaults.
+    pub fn from_servers(servers: Vec<ServerLine>) -> PoolConfig {
+        PoolConfig::native_builder("cli").servers(servers).build().unwrap_or_else(|_| PoolConfig::empty_native())
+    }
+
+    fn empty_native() -> PoolConfig {
+        PoolConfig {
+            name: "cli".into(),
+            hash: KeyHasher::Xxh3,
+            hash_tag: None,
+            distribution: Distribution::Ring,
+            vnodes: DEFAULT_VNODES,
+            point_label: PointLabel::Native,
+            maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
+            probes: DEFAULT_PROBES,
+            balance_factor: DEFAULT_BALANCE_FACTOR,
+            anchor_capacity: DEFAULT_ANCHOR_CAPACITY,
+            servers: Vec::new(),
+            listen: DEFAULT_LISTEN.into(),
+            timeout: None,
+            backlog: 512,
+            client_connections: 0,
+            redis: false,
+            redis_auth: None,
+            redis_db: 0,
+            preconnect: false,
+            auto_eject_hosts: false,
+            server_connections: 1,
+            server_retry_timeout: Duration::from_secs(30),
+            server_failure_limit: 2,
+            tcpkeepalive: false,
+            reuseport: false,
+        }
+    }
+
+    /// Checks that this version of chash can place keys for this pool.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a hash the distribution cannot take.
+    pub fn check_supported(&self) -> Result<()> {
+        match self.distribution {
+            Distribution::Ketama if self.hash.bits() > 32 => Err(Error::Unsupported(format!(
+                "distribution ketama has a 32-bit continuum, but hash {} gives {}-bit values",
+                self.hash,
+                self.hash.bits()
+            ))),
+            Distribution::Nginx if self.hash != KeyHasher::Crc32a => Err(Error::Unsupported(format!(
+                "distribution nginx hashes keys with CRC-32 (crc32a) only, not {}",
+                self.hash
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Builds the placement for this pool.
+    ///
+    /// # Errors
+    /// As [`PoolConfig::check_supported`]; `random` (which has no fixed
+    /// placement); placement errors such as duplicate server ids,
+    /// `vnodes: 0`, weights for an algorithm without them, or a bad
+    /// `maglev_table_size`, `probes`, `balance_factor` or `anchor_capacity`.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        self.check_supported()?;
+        let nodes = self.servers.iter().map(ServerLine::to_node).collect::<Result<Vec<Node>>>()?;
+        let ring = |nodes| {
+            Ring::builder().hasher(self.hash).vnodes(self.vnodes).point_label(self.point_label.clone()).build(nodes)
+        };
+        let placement = match self.distribution {
+            Distribution::Ring => AnyPlacement::Ring(ring(nodes)?),
+            Distribution::Bounded => AnyPlacement::Bounded(Box::new(Bounded::new(ring(nodes)?, self.balance_factor)?)),
+            Distribution::Jump => AnyPlacement::Jump(Jump::with_hasher(nodes, self.hash)?),
+            Distribution::Rendezvous => AnyPlacement::Rendezvous(Rendezvous::with_hasher(nodes, self.hash)?),
+            Distribution::Maglev => AnyPlacement::Maglev(
+                Maglev::builder().hasher(self.hash).table_size(self.maglev_table_size).build(nodes)?,
+            ),
+            Distribution::Anchor => {
+                AnyPlacement::Anchor(Box::new(Anchor::with_capacity(nodes, self.hash, self.anchor_capacity)?))
+            }
+            Distribution::Multiprobe => {
+                AnyPlacement::MultiProbe(MultiProbe::with_probes(nodes, self.hash, self.probes)?)
+            }
+            Distribution::Ketama => AnyPlacement::Ketama(Ketama::new(twemproxy_order(nodes)?, self.hash)?),
+            Distribution::Modula => AnyPlacement::Modula(Modula::new(twemproxy_order(nodes)?, self.hash)?),
+            Distribution::Nginx => AnyPlacement::Nginx(NginxChash::new(nodes)?),
+            Distribution::Random => {
+                return Err(Error::Unsupported(
+                    "distribution random sends each request to a random server: keys have no fixed place to route \
+                     (the proxy serves it; route, analyze and plan cannot)"
+                        .into(),
+                ))
+            }
+        };
+        let twemproxy_rules = matches!(self.distribution, Distribution::Ketama | Distribution::Modula);
+        Ok(Snapshot::new(placement, self.hash_tag, twemproxy_rules))
+    }
+}
+
+/// Whose defaults a builder applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Defaults {
+    Twemproxy,
+    Native,
+}
+
+/// Builds a [`PoolConfig`], checking every setting and combination in one
+/// place; errors name the config key. Names (distribution, hash) are
+/// parsed at [`build`](PoolBuilder::build).
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct PoolBuilder {
+    name: String,
+    defaults: Defaults,
+    distribution: Option<String>,
+    hash: Option<String>,
+    hash_tag: Option<String>,
+    vnodes: Option<u32>,
+    point_label: Option<String>,
+    maglev_table_size: Option<u64>,
+    probes: Option<u32>,
+    balance_factor: Option<f64>,
+    anchor_capacity: Option<u32>,
+    servers: Vec<ServerLine>,
+    server_lines: Vec<String>,
+    listen: Option<String>,
+    timeout_ms: Option<u64>,
+    backlog: Option<u32>,
+    client_connections: Option<u32>,
+    redis: Option<bool>,
+    redis_auth: Option<String>,
+    redis_db: Option<u32>,
+    preconnect: Option<bool>,
+    auto_eject_hosts: Option<bool>,
+    server_connections: Option<u32>,
+    server_retry_timeout_ms: Option<u64>,
+    server_failure_limit: Option<u32>,
+    tcpkeepalive: Option<bool>,
+    reuseport: Option<bool>,
+}
+
+/// A setter for an optional builder field.
+macro_rules! setter {
+    ($(#[$doc:meta])* $name:ident: $ty:ty) => {
+        $(#[$doc])*
+        pub fn $name(mut self, value: $ty) -> Self {
+            self.$name = Some(value.into());
+            self
+        }
+    };
+}
+
+impl PoolBuilder {
+    fn new(name: &str, defaults: Defaults) -> PoolBuilder {
+        PoolBuilder {
+            name: name.to_owned(),
+            defaults,
+            distribution: None,
+            hash: None,
+            hash_tag: None,
+            vnodes: None,
+            point_label: None,
+            maglev_table_size: None,
+            probes: None,
+            balance_factor: None,
+            anchor_capacity: None,
+            servers: Vec::new(),
+            server_lines: Vec::new(),
+            listen: None,
+            timeout_ms: None,
+            backlog: None,
+            client_connections: None,
+            redis: None,
+            redis_auth: None,
+            redis_db: None,
+            preconnect: None,
+            auto_eject_hosts: None,
+            server_connections: None,
+            server_retry_timeout_ms: None,
+            server_failure_limit: None,
+            tcpkeepalive: None,
+            reuseport: None,
+        }
+    }
+
+    setter!(
+        /// `distribution` by name (`memento` is `anchor`).
+        distribution: &str
+    );
+    setter!(
+        /// `hash` by name.
+        hash: &str
+    );
+    setter!(
+        /// `hash_tag`: two characters, e.g. `{}`.
+        hash_tag: &str
+    );
+    setter!(
+        /// `vnodes` (ring and bounded).
+        vnodes: u32
+    );
+    setter!(
+        /// `point_label` template (ring and bounded).
+        point_label: &str
+    );
+    setter!(
+        /// `maglev_table_size` (maglev).
+        maglev_table_size: u64
+    );
+    setter!(
+        /// `probes` (multiprobe).
+        probes: u32
+    );
+    setter!(
+        /// `balance_factor` (bounded).
+        balance_factor: f64
+    );
+    setter!(
+        /// `anchor_capacity` (anchor).
+        anchor_capacity: u32
+    );
+    setter!(
+        /// `listen`.
+        listen: &str
+    );
+    setter!(
+        /// `timeout` in milliseconds (0: none).
+        timeout_ms: u64
+    );
+    setter!(
+        /// `backlog`.
+        backlog: u32
+    );
+    setter!(
+        /// `client_connections` (0: no limit).
+        client_connections: u32
+    );
+    setter!(
+        /// `redis`.
+        redis: bool
+    );
+    setter!(
+        /// `redis_auth`.
+        redis_auth: &str
+    );
+    setter!(
+        /// `redis_db`.
+        redis_db: u32
+    );
+    setter!(
+        /// `preconnect`.
+        preconnect: bool
+    );
+    setter!(
+        /// `auto_eject_hosts`.
+        auto_eject_hosts: bool
+    );
+    setter!(
+        /// `server_connections`.
+        server_connections: u32
+    );
+    setter!(
+        /// `server_retry_timeout` in milliseconds.
+        server_retry_timeout_ms: u64
+    );
+    setter!(
+        /// `server_failure_limit`.
+        server_failure_limit: u32
+    );
+    setter!(
+        /// `tcpkeepalive`.
+        tcpkeepalive: bool
+    );
+    setter!(
+        /// `reuseport`.
+        reuseport: bool
+    );
+
+    /// Servers, parsed already.
+    pub fn servers(mut self, servers: Vec<ServerLine>) -> Self {
+        self.servers.extend(servers);
+        self
+    }
+
+    /// A server line `ID:WEIGHT [NAME]`, parsed at build.
+    pub fn server_line(mut self, line: &str) -> Self {
+        self.server_lines.push(line.to_owned());
+        self
+    }
+
+    /// The resolved pool.
+    ///
+    /// # Errors
+    /// [`Error::UnknownDistribution`], [`Error::UnknownHash`], a bad hash
+    /// tag, point label or server line, no servers, `redis_db` without
+    /// `redis`, a chash key set for a distribution it does not apply to, a
+    /// hash the distribution cannot take, and (for the algorithms that
+    /// check them when built) weights or parameters they refuse.
+    pub fn build(self) -> Result<PoolConfig> {
+        let distribution: Distribution = match &self.distribution {
+            Some(d) => d.parse()?,
+            None if self.defaults == Defaults::Native => Distribution::Ring,
+            None => Distribution::Ketama,
+        };
+        let hash: KeyHasher = match &self.hash {
+            Some(h) => h.parse()?,
+            None if self.defaults == Defaults::Native => distribution.native_hash(),
+            None => distribution.twemproxy_hash(),
+        };
+        let hash_tag = match self.hash_tag.as_deref() {
+            None => None,
+            Some(tag) => match tag.as_bytes() {
+                &[open, close] => Some([open, close]),
+                _ => {
+                    return Err(Error::Config(format!(
+                        "hash_tag {tag:?} must be exactly two characters, e.g. \"{{}}\""
+                    )))
+                }
+            },
+        };
+        let mut servers = self.servers.clone();
+        for line in &self.server_lines {
+            servers.push(line.parse()?);
+        }
+        if servers.is_empty() {
+            return Err(Error::Config("it has no servers".into()));
+        }
+        if self.redis_db.is_some_and(|db| db > 0) && self.redis != Some(true) {
+            return Err(Error::Config("redis_db is set but redis is not true".into()));
+        }
+        use Distribution::{Anchor as A, Bounded as B, Maglev as M, Multiprobe as P, Ring as R};
+        let own_keys: [(&str, bool, &[Distribution]); 6] = [
+            ("vnodes", self.vnodes.is_some(), &[R, B]),
+            ("point_label", self.point_label.is_some(), &[R, B]),
+            ("maglev_table_size", self.maglev_table_size.is_some(), &[M]),
+            ("probes", self.probes.is_some(), &[P]),
+            ("balance_factor", self.balance_factor.is_some(), &[B]),
+            ("anchor_capacity", self.anchor_capacity.is_some(), &[A]),
+        ];
+        for (key, set, applies) in own_keys {
+            if set && !applies.contains(&distribution) {
+                let names: Vec<&str> = applies.iter().map(|d| d.name()).collect();
+                let to = match names.as_slice() {
+                    [one] => format!("distribution {one} only"),
+                    many => format!("distributions {}", many.join(" and ")),
+                };
+                return Err(Error::Config(format!("{key} applies to {to} (this pool's is {distribution})")));
+            }
+        }
+        let pool = PoolConfig {
+            name: self.name,
+            hash,
+            hash_tag,
+            distribution,
+            vnodes: self.vnodes.unwrap_or(DEFAULT_VNODES),
+            point_label: match &self.point_label {
+                Some(t) => t.parse()?,
+                None => PointLabel::Native,
+            },
+            maglev_table_size: self.maglev_table_size.unwrap_or(DEFAULT_MAGLEV_TABLE_SIZE),
+            probes: self.probes.unwrap_or(DEFAULT_PROBES),
+            balance_factor: self.balance_factor.unwrap_or(DEFAULT_BALANCE_FACTOR),
+            anchor_capacity: self.anchor_capacity.unwrap_or(DEFAULT_ANCHOR_CAPACITY),
+            servers,
+            listen: self.listen.unwrap_or_else(|| DEFAULT_LISTEN.into()),
+            timeout: self.timeout_ms.filter(|&t| t > 0).map(Duration::from_millis),
+            backlog: self.backlog.unwrap_or(512),
+            client_connections: self.client_connections.unwrap_or(0),
+            redis: self.redis.unwrap_or(false),
+            redis_auth: self.redis_auth,
+            redis_db: self.redis_db.unwrap_or(0),
+            preconnect: self.preconnect.unwrap_or(false),
+            auto_eject_hosts: self.auto_eject_hosts.unwrap_or(false),
+            server_connections: self.server_connections.unwrap_or(1).max(1),
+            server_retry_timeout: Duration::from_millis(self.server_retry_timeout_ms.unwrap_or(30_000)),
+            server_failure_limit: self.server_failure_limit.unwrap_or(2).max(1),
+            tcpkeepalive: self.tcpkeepalive.unwrap_or(false),
+            reuseport: self.reuseport.unwrap_or(false),
+        };
+        pool.check_supported()?;
+        if !matches!(
+            distribution,
+            Distribution::Ketama | Distribution::Modula | Distribution::Random | Distribution::Nginx | R
+        ) {
+            // Weights and parameters these algorithms refuse are errors of
+            // the pool: build once to report them now (milliseconds at most).
+            pool.snapshot()?;
+        }
+        Ok(pool)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn twemproxy_defaults() {
+        let p = PoolConfig::builder("a").server_line("127.0.0.1:11211:1").build().unwrap();
+        assert_eq!((p.distribution, p.hash), (Distribution::Ketama, KeyHasher::Fnv1a64));
+        assert_eq!((p.listen.as_str(), p.timeout, p.backlog), (DEFAULT_LISTEN, None, 512));
+        assert_eq!((p.client_connections, p.redis, p.redis_db, p.preconnect), (0, false, 0, false));
+        assert_eq!((p.auto_eject_hosts, p.server_connections, p.server_failure_limit), (false, 1, 2));
+        assert_eq!(p.server_retry_timeout, Duration::from_secs(30));
+        let n = PoolConfig::builder("n").distribution("nginx").server_line("x:1").build().unwrap();
+        assert_eq!(n.hash, KeyHasher::Crc32a);
+    }
+
+    #[test]
+    fn native_defaults() {
+        let p = PoolConfig::native_builder("cli").server_line("a:1").build().unwrap();
+        assert_eq!((p.distribution, p.hash, p.vnodes), (Distribution::Ring, KeyHasher::Xxh3, DEFAULT_VNODES));
+        let k = PoolConfig::native_builder("cli").distribution("ketama").server_line("a:1").build().unwrap();
+        assert_eq!(k.hash, KeyHasher::Fnv1a64);
+        assert_eq!(PoolConfig::from_servers(vec!["a:1".parse().unwrap()]).servers.len(), 1);
+    }
+
+    #[test]
+    fn combinations_are_checked() {
+        let err = |b: PoolBuilder| b.build().unwrap_err().to_string();
+        let base = || PoolConfig::builder("a").server_line("x:1");
+        assert!(err(base().distribution("ring").probes(3)).contains("multiprobe only"));
+        assert!(err(base().vnodes(10)).contains("distributions ring and bounded"));
+        assert!(err(base().hash_tag("{")).contains("two characters"));
+        assert!(err(base().redis_db(2)).contains("redis is not true"));
+        assert!(err(PoolConfig::builder("a")).contains("no servers"));
+        assert!(err(base().distribution("ketama").hash("xxh3")).contains("32-bit"));
+        assert!(err(base().distribution("circle")).contains("circle"));
+        assert!(err(base().server_line("y:0")).contains("weight 0"));
+    }
+}
