@@ -343,6 +343,9 @@ fn daemonize() -> Result<()> {
 }
 
 async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
+    // Handled from the start: a signal sent as soon as the proxy says it
+    // serves (or even before) is never met by its default action.
+    let signals = Signals::register()?;
     let threads = match args.threads {
         Some(0) => bail!("--threads must be at least 1"),
         Some(n) => n,
@@ -380,7 +383,7 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
     if std::env::var_os(DAEMON_ENV).is_some() {
         println!("{READY}");
     }
-    let outcome = wait_for_signals(&running, &log).await;
+    let outcome = signals.wait(&running, &log).await;
     tracing::info!("shutting down: finishing in-flight requests");
     running.shutdown().await;
     if let Some(stop) = embedded {
@@ -434,41 +437,60 @@ fn announce(running: &Running, embedded: bool) {
     eprintln!("chash proxy: SIGHUP reloads the config and reopens the log, Ctrl-C stops");
 }
 
-async fn wait_for_signals(running: &Running, log: &Log) -> Result<()> {
-    let watch = |kind: SignalKind, name: &str| signal(kind).with_context(|| format!("cannot watch {name}"));
-    let mut hup = watch(SignalKind::hangup(), "SIGHUP")?;
-    let mut term = watch(SignalKind::terminate(), "SIGTERM")?;
-    let mut int = watch(SignalKind::interrupt(), "SIGINT")?;
-    let mut usr1 = watch(SignalKind::user_defined1(), "SIGUSR1")?;
-    let mut usr2 = watch(SignalKind::user_defined2(), "SIGUSR2")?;
-    // SIGTTIN and SIGTTOU (21, 22): handled, so a proxy started from a
-    // shell is never stopped by them.
-    let mut ttin = watch(SignalKind::from_raw(21), "SIGTTIN")?;
-    let mut ttou = watch(SignalKind::from_raw(22), "SIGTTOU")?;
-    loop {
-        tokio::select! {
-            _ = hup.recv() => {
-                tracing::info!("signal SIGHUP received: reopening the log file and reloading the config");
-                log.reopen();
-                if running.registry.shared.options.config_path.is_none() {
-                    continue;
+/// The signals the proxy handles, registered.
+struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+    ttin: tokio::signal::unix::Signal,
+    ttou: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn register() -> Result<Signals> {
+        let watch = |kind: SignalKind, name: &str| signal(kind).with_context(|| format!("cannot watch {name}"));
+        Ok(Signals {
+            hup: watch(SignalKind::hangup(), "SIGHUP")?,
+            term: watch(SignalKind::terminate(), "SIGTERM")?,
+            int: watch(SignalKind::interrupt(), "SIGINT")?,
+            usr1: watch(SignalKind::user_defined1(), "SIGUSR1")?,
+            usr2: watch(SignalKind::user_defined2(), "SIGUSR2")?,
+            // SIGTTIN and SIGTTOU (21, 22): handled, so a proxy started from
+            // a shell is never stopped by them.
+            ttin: watch(SignalKind::from_raw(21), "SIGTTIN")?,
+            ttou: watch(SignalKind::from_raw(22), "SIGTTOU")?,
+        })
+    }
+
+    /// Handles signals until SIGINT or SIGTERM.
+    async fn wait(mut self, running: &Running, log: &Log) -> Result<()> {
+        loop {
+            tokio::select! {
+                _ = self.hup.recv() => {
+                    tracing::info!("signal SIGHUP received: reopening the log file and reloading the config");
+                    log.reopen();
+                    if running.registry.shared.options.config_path.is_none() {
+                        continue;
+                    }
+                    match running.registry.reload() {
+                        Ok(results) => for (pool, r) in results {
+                            match r {
+                                Ok(c) => tracing::info!(%pool, moved = c.moved_fraction, "reload: {}", c.change),
+                                Err(e) => tracing::warn!(%pool, "reload: {e}"),
+                            }
+                        },
+                        Err(e) => tracing::error!("reload failed, nothing changed: {e}"),
+                    }
                 }
-                match running.registry.reload() {
-                    Ok(results) => for (pool, r) in results {
-                        match r {
-                            Ok(c) => tracing::info!(%pool, moved = c.moved_fraction, "reload: {}", c.change),
-                            Err(e) => tracing::warn!(%pool, "reload: {e}"),
-                        }
-                    },
-                    Err(e) => tracing::error!("reload failed, nothing changed: {e}"),
-                }
+                _ = self.ttin.recv() => log.shift(1),
+                _ = self.ttou.recv() => log.shift(-1),
+                _ = self.usr1.recv() => tracing::info!("signal SIGUSR1 received: ignored"),
+                _ = self.usr2.recv() => tracing::info!("signal SIGUSR2 received: ignored"),
+                _ = self.term.recv() => return Ok(()),
+                _ = self.int.recv() => return Ok(()),
             }
-            _ = ttin.recv() => log.shift(1),
-            _ = ttou.recv() => log.shift(-1),
-            _ = usr1.recv() => tracing::info!("signal SIGUSR1 received: ignored"),
-            _ = usr2.recv() => tracing::info!("signal SIGUSR2 received: ignored"),
-            _ = term.recv() => return Ok(()),
-            _ = int.recv() => return Ok(()),
         }
     }
 }

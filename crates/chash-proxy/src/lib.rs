@@ -36,6 +36,8 @@ mod proxy;
 pub mod redis;
 mod registry;
 mod stats;
+#[cfg(test)]
+mod tests;
 mod twemproxy_stats;
 mod workers;
 

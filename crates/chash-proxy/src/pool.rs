@@ -14,7 +14,9 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use arc_swap::ArcSwap;
 use chash::ServerLine;
@@ -339,6 +341,11 @@ impl Pool {
     /// The current state (lock-free).
     pub fn state(&self) -> arc_swap::Guard<Arc<PoolState>> {
         self.state.load()
+    }
+
+    /// The pool's config as it is now (changes applied).
+    pub fn config(&self) -> PoolConfig {
+        self.lock().clone()
     }
 
     /// The placement settings (distribution, hash, ...).

@@ -12,6 +12,8 @@ struct Crate {
     src: PathBuf,
     root: String,
     files: BTreeMap<Vec<String>, String>,
+    /// Modules compiled for tests only.
+    test_only: Vec<Vec<String>>,
 }
 
 impl Crate {
@@ -25,11 +27,26 @@ impl Crate {
                     stack.push(path);
                 } else if path.extension().is_some_and(|e| e == "rs") {
                     let module = module_of(&src, &path, root);
-                    files.insert(module, strip(&std::fs::read_to_string(&path).unwrap()));
+                    files.insert(module, std::fs::read_to_string(&path).unwrap());
                 }
             }
         }
-        Crate { src, root: root.to_owned(), files }
+        // Modules compiled for tests only (`#[cfg(test)] mod x;`) are not
+        // part of the layout.
+        let test_only: Vec<Vec<String>> = files
+            .iter()
+            .flat_map(|(module, text)| {
+                text.split("#[cfg(test)]").skip(1).filter_map(move |after| {
+                    let decl = after.trim_start().lines().next()?;
+                    let name =
+                        decl.strip_prefix("pub(crate) ").unwrap_or(decl).strip_prefix("mod ")?.strip_suffix(';')?;
+                    Some([module.clone(), vec![name.to_owned()]].concat())
+                })
+            })
+            .collect();
+        files.retain(|m, _| !test_only.contains(m));
+        let files = files.into_iter().map(|(m, text)| (m, strip(&text))).collect();
+        Crate { src, root: root.to_owned(), files, test_only }
     }
 
     fn name(&self, module: &[String]) -> String {
@@ -67,6 +84,9 @@ impl Crate {
         while i < rest.len() {
             let mut child = at.clone();
             child.push(rest[i].clone());
+            if self.test_only.contains(&child) {
+                return None;
+            }
             if self.files.contains_key(&child) {
                 at = child;
                 i += 1;
@@ -97,9 +117,6 @@ impl Crate {
             paths.extend(inline_paths(text));
             for p in paths {
                 if let Some(t) = self.resolve(module, &p, 0) {
-                    if std::env::var("LAYOUT_DEBUG").is_ok() && t.is_empty() {
-                        println!("{:?}: {} -> root", module, p.join("::"));
-                    }
                     if t != *module {
                         targets.insert(t);
                     }
@@ -153,7 +170,7 @@ fn strip(text: &str) -> String {
             i += 1;
         }
     }
-    match out.find("#[cfg(test)]") {
+    match out.find("#[cfg(test)]\nmod tests") {
         Some(at) => out[..at].to_owned(),
         None => out,
     }
@@ -387,15 +404,4 @@ fn the_checker_sees_uses_and_paths() {
     g.insert(a.clone(), BTreeSet::from([b.clone()]));
     g.insert(b.clone(), BTreeSet::from([a.clone()]));
     assert!(cycle(&g).is_some());
-}
-
-#[test]
-#[ignore]
-fn print_graph() {
-    for krate in crates() {
-        for (m, ts) in krate.edges() {
-            let names: Vec<String> = ts.iter().map(|t| krate.name(t)).collect();
-            println!("{} -> {}", krate.name(&m), names.join(", "));
-        }
-    }
 }

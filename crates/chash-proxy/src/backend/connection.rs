@@ -84,6 +84,11 @@ async fn connect(address: &Address, timeout: Option<Duration>) -> std::io::Resul
                 let (r, w) = s.into_split();
                 Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
             }
+            #[cfg(test)]
+            Address::Memory(name) => {
+                let (r, w) = tokio::io::split(super::memory::connect(name)?);
+                Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
+            }
         }
     };
     match tokio::time::timeout(limit, connecting).await {

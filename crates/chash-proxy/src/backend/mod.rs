@@ -15,6 +15,8 @@
 mod connection;
 pub mod framing;
 mod health;
+#[cfg(test)]
+pub(crate) mod memory;
 mod request;
 
 use std::fmt;

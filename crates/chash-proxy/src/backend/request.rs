@@ -58,6 +58,9 @@ pub enum Address {
     Tcp(String),
     /// A unix socket path.
     Unix(String),
+    /// An in-process endpoint of the tests' memory network.
+    #[cfg(test)]
+    Memory(String),
 }
 
 impl Address {
@@ -76,6 +79,8 @@ impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Address::Tcp(a) | Address::Unix(a) => f.write_str(a),
+            #[cfg(test)]
+            Address::Memory(a) => write!(f, "memory:{a}"),
         }
     }
 }

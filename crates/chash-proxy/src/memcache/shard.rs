@@ -331,7 +331,12 @@ pub async fn start_shard(memory: u64, shutdown: watch::Receiver<bool>) -> std::i
     Ok(shard)
 }
 
-async fn serve_shard_client(mut stream: tokio::net::TcpStream, store: Arc<Store>, mut stop: watch::Receiver<bool>) {
+/// Serves one client of a shard (any byte stream) until it closes or quits,
+/// or `stop` turns true.
+pub(crate) async fn serve_shard_client<S>(mut stream: S, store: Arc<Store>, mut stop: watch::Receiver<bool>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut out = BytesMut::with_capacity(16 * 1024);
     let mut discard = 0usize;

@@ -160,10 +160,13 @@ pub fn memcacheds(n: usize) -> Vec<Memcached> {
 }
 
 /// A twemproxy-shaped config for the servers, listening on a free port.
+/// Servers are named `s1`, `s2`, ...: twemproxy's distributions (`ketama`,
+/// the default, and `modula`) place keys by the name, so where a key goes
+/// does not depend on which ports were drawn.
 pub fn config(pool_extra: &str, servers: &[&Memcached]) -> String {
     let mut yml = format!("alpha:\n  listen: 127.0.0.1:{}\n{pool_extra}  servers:\n", free_port());
     for (i, s) in servers.iter().enumerate() {
-        yml.push_str(&format!("   - {}:{}\n", s.id(), 1 + i % 2));
+        yml.push_str(&format!("   - {}:{} s{}\n", s.id(), 1 + i % 2, i + 1));
     }
     yml
 }
