@@ -36,11 +36,14 @@ fn every_distribution_places_keys_where_the_library_does() {
         let proxy = Proxy::start(&yml);
         let snapshot = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap().snapshot().unwrap();
         let mut c = proxy.client();
-        for i in 0..100 {
-            let key = format!("{dist}:{i}");
-            assert_eq!(c.set(&key, b"v"), "STORED\r\n", "{dist}");
+        let keys: Vec<String> = (0..100).map(|i| format!("{dist}:{i}")).collect();
+        for key in &keys {
+            assert_eq!(c.set(key, b"v"), "STORED\r\n", "{dist}");
+        }
+        let held: Vec<Vec<bool>> = mc.iter().map(|m| m.holds_each(&keys)).collect();
+        for (i, key) in keys.iter().enumerate() {
             let want = snapshot.route(key.as_bytes()).unwrap();
-            let holder = mc.iter().find(|m| m.holds(&key)).map(|m| m.id());
+            let holder = mc.iter().zip(&held).find(|(_, h)| h[i]).map(|(m, _)| m.id());
             // bounded may send a key past an overloaded owner; with one client
             // at a time no server is over its cap, so it is the owner here.
             assert_eq!(holder.as_deref(), Some(want), "{dist}: {key}");
@@ -57,25 +60,27 @@ fn anchor_removal_moves_only_that_servers_keys() {
     let proxy = Proxy::start(&config("  distribution: anchor\n  hash: xxh3\n", &refs));
     let mut c = proxy.client();
     let keys: Vec<String> = (0..2000).map(|i| format!("anchor:{i}")).collect();
+    let mut batch = Vec::new();
     for k in &keys {
-        assert_eq!(c.set(k, b"v"), "STORED\r\n");
+        batch.extend_from_slice(format!("set {k} 0 0 1 noreply\r\nv\r\n").as_bytes());
     }
+    c.send(&batch);
+    assert_eq!(c.cmd("version\r\n").split_whitespace().next(), Some("VERSION"));
     let gone = mc[1].id();
-    let on_gone = keys.iter().filter(|k| mc[1].holds(k)).count();
+    let on_gone = mc[1].holds_each(&keys).into_iter().filter(|&h| h).count();
     let (status, body) = proxy.admin("DELETE", &format!("/pools/alpha/servers/{gone}"), "");
     assert_eq!(status, 200, "{body}");
     let change: serde_json::Value = serde_json::from_str(&body).unwrap();
     let moved = change["moved_fraction"].as_f64().unwrap();
     assert!((moved - on_gone as f64 / keys.len() as f64).abs() < 0.05, "moved {moved}, its share {on_gone}/2000");
-    let misses = keys.iter().filter(|k| c.get(k).is_none()).count();
+    let misses = c.get_each(&keys).iter().filter(|v| v.is_none()).count();
     assert_eq!(misses, on_gone, "exactly the removed server's keys miss");
     // Ejecting and restoring a server brings every key back where it was.
-    let before: Vec<Option<Vec<u8>>> = keys.iter().map(|k| c.get(k)).collect();
+    let before = c.get_each(&keys);
     let other = mc[2].id();
     assert_eq!(proxy.admin("POST", &format!("/pools/alpha/servers/{other}/eject"), "").0, 200);
     assert_eq!(proxy.admin("POST", &format!("/pools/alpha/servers/{other}/restore"), "").0, 200);
-    let after: Vec<Option<Vec<u8>>> = keys.iter().map(|k| c.get(k)).collect();
-    assert_eq!(before, after);
+    assert_eq!(before, c.get_each(&keys));
 }
 
 /// With `bounded`, every request holds load on its server until its reply,

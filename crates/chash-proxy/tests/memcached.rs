@@ -156,29 +156,39 @@ fn pipelining_fifty_clients_never_mixes_replies() {
 #[test]
 fn placement_equals_nutcracker() {
     let mc = memcacheds(4);
-    for extra in ["", "  hash: md5\n  hash_tag: \"{}\"\n", "  distribution: modula\n  hash: crc32a\n"] {
-        let yml = support::config(extra, &refs(&mc));
-        let proxy = Proxy::start(&yml);
-        let tw = Nutcracker::start(&yml, 30_000);
-        let tw_port = tw.port;
-        let mut via_tw = Client::connect(tw.addr());
-        let mut via_chash = proxy.client();
-        // Fresh keys per direction (memcached's flush_all has one-second
-        // granularity, so flushing between rounds would race).
-        let keys = |dir: &str| (0..2000).map(|i| format!("nc:{tw_port}:{dir}:{{u{}}}:{i}", i % 37)).collect::<Vec<_>>();
-        let tw_keys = keys("tw");
-        for k in &tw_keys {
-            assert_eq!(via_tw.set(k, k.as_bytes()), "STORED\r\n");
+    let configs = ["", "  hash: md5\n  hash_tag: \"{}\"\n", "  distribution: modula\n  hash: crc32a\n"];
+    // The configs side by side: their keys differ (each names its own
+    // nutcracker's port), so they can share the servers.
+    thread::scope(|scope| {
+        for extra in configs {
+            let mc = &mc;
+            scope.spawn(move || {
+                let yml = support::config(extra, &refs(mc));
+                let proxy = Proxy::start(&yml);
+                let tw = Nutcracker::start(&yml, 30_000);
+                let tw_port = tw.port;
+                let mut via_tw = Client::connect(tw.addr());
+                let mut via_chash = proxy.client();
+                // Fresh keys per direction (memcached's flush_all has one-second
+                // granularity, so flushing between rounds would race).
+                let keys = |dir: &str| {
+                    (0..2000).map(|i| format!("nc:{tw_port}:{dir}:{{u{}}}:{i}", i % 37)).collect::<Vec<_>>()
+                };
+                let tw_keys = keys("tw");
+                for k in &tw_keys {
+                    assert_eq!(via_tw.set(k, k.as_bytes()), "STORED\r\n");
+                }
+                let misses = tw_keys.iter().filter(|k| via_chash.get(k).as_deref() != Some(k.as_bytes())).count();
+                assert_eq!(misses, 0, "{extra:?}: chash-proxy missed keys nutcracker stored");
+                let chash_keys = keys("chash");
+                for k in &chash_keys {
+                    assert_eq!(via_chash.set(k, b"x"), "STORED\r\n");
+                }
+                let misses = chash_keys.iter().filter(|k| via_tw.get(k).is_none()).count();
+                assert_eq!(misses, 0, "{extra:?}: nutcracker missed keys chash-proxy stored");
+            });
         }
-        let misses = tw_keys.iter().filter(|k| via_chash.get(k).as_deref() != Some(k.as_bytes())).count();
-        assert_eq!(misses, 0, "{extra:?}: chash-proxy missed keys nutcracker stored");
-        let chash_keys = keys("chash");
-        for k in &chash_keys {
-            assert_eq!(via_chash.set(k, b"x"), "STORED\r\n");
-        }
-        let misses = chash_keys.iter().filter(|k| via_tw.get(k).is_none()).count();
-        assert_eq!(misses, 0, "{extra:?}: nutcracker missed keys chash-proxy stored");
-    }
+    });
 }
 
 /// twemproxy's stats document, served on the stats port: the same fields in
@@ -281,11 +291,11 @@ fn server_latency_is_the_servers_part_and_quantiles_are_honest() {
     let mut c = proxy.client();
     let big = vec![b'x'; 512 * 1024];
     assert_eq!(c.set("big", &big), "STORED\r\n");
-    // 40 replies of 512 KiB wait for a client that reads only after 1.2 s.
+    // 40 replies of 512 KiB wait for a client that reads only after 0.6 s.
     for _ in 0..40 {
         c.send(b"get big\r\n");
     }
-    thread::sleep(Duration::from_millis(1200));
+    thread::sleep(Duration::from_millis(600));
     for _ in 0..40 {
         assert_eq!(c.read_get_reply()[0].2.len(), big.len());
     }
@@ -295,18 +305,18 @@ fn server_latency_is_the_servers_part_and_quantiles_are_honest() {
         v["pools"][0]["servers"][0]["latency_us"].clone()
     };
     let l = latency(&proxy);
-    assert!(l["max"].as_u64().unwrap() < 500_000, "the client's reading is not the server's latency: {l}");
-    // Now the server itself stalls for 1.3 s during a get.
-    mc[0].pause(Duration::from_millis(1300));
+    assert!(l["max"].as_u64().unwrap() < 300_000, "the client's reading is not the server's latency: {l}");
+    // Now the server itself stalls for 1.1 s (past the 1 s bucket) during a get.
+    mc[0].pause(Duration::from_millis(1100));
     let started = Instant::now();
     assert_eq!(c.get("big").map(|v| v.len()), Some(big.len()));
-    assert!(started.elapsed() >= Duration::from_millis(1200));
+    assert!(started.elapsed() >= Duration::from_millis(1000));
     for _ in 0..20 {
         assert!(c.get("big").is_some());
     }
     let l = latency(&proxy);
     let (p99, max) = (l["p99"].as_u64().unwrap(), l["max"].as_u64().unwrap());
-    assert!((1_200_000..5_000_000).contains(&max), "{l}");
+    assert!((1_000_000..5_000_000).contains(&max), "{l}");
     assert_eq!(p99, max, "p99 falls in the stalled request's bucket and is its value, not the bucket's bound: {l}");
 }
 

@@ -139,7 +139,18 @@ impl Memcached {
         *self = Memcached::start_on(self.port);
     }
 
-    /// Keys this server holds, of `keys`.
+    /// Which of `keys` this server holds (one connection, pipelined gets).
+    pub fn holds_each(&self, keys: &[String]) -> Vec<bool> {
+        let mut c = Client::connect(SocketAddr::from(([127, 0, 0, 1], self.port)));
+        let mut batch = Vec::new();
+        for k in keys {
+            batch.extend_from_slice(format!("get {k}\r\n").as_bytes());
+        }
+        c.send(&batch);
+        keys.iter().map(|_| !c.read_get_reply().is_empty()).collect()
+    }
+
+    /// Whether this server holds `key`.
     pub fn holds(&self, key: &str) -> bool {
         let mut c = Client::connect(SocketAddr::from(([127, 0, 0, 1], self.port)));
         c.send(format!("get {key}\r\n").as_bytes());
@@ -430,6 +441,19 @@ impl Client {
 
     pub fn into_stream(self) -> TcpStream {
         self.w
+    }
+
+    /// The values of `keys` (`None` for a miss), by multi-key gets of a
+    /// hundred keys each.
+    pub fn get_each(&mut self, keys: &[String]) -> Vec<Option<Vec<u8>>> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(100) {
+            self.send(format!("get {}\r\n", chunk.join(" ")).as_bytes());
+            let mut found: std::collections::HashMap<String, Vec<u8>> =
+                self.read_get_reply().into_iter().map(|(k, _, v, _)| (k, v)).collect();
+            out.extend(chunk.iter().map(|k| found.remove(k)));
+        }
+        out
     }
 
     pub fn get(&mut self, key: &str) -> Option<Vec<u8>> {
