@@ -107,7 +107,7 @@ async fn pool_spec(
     }
     let servers =
         SPEC.iter().map(|(id, w)| format!("{id}:{w}").parse::<ServerLine>()).collect::<chash::Result<Vec<_>>>()?;
-    let mut pool = PoolConfig::from_servers(servers);
+    let mut pool = PoolConfig::from_servers(servers)?;
     pool.name = name.into();
     pool.distribution = distribution;
     pool.listen = "127.0.0.1:0".into();
@@ -444,7 +444,7 @@ fn compare(keys: &[String]) -> Result<Vec<AlgoRow>> {
             .iter()
             .map(|(id, w)| format!("{id}:{}", if weighted { *w } else { 1 }).parse::<ServerLine>())
             .collect::<chash::Result<Vec<_>>>()?;
-        let mut pool = PoolConfig::from_servers(servers);
+        let mut pool = PoolConfig::from_servers(servers)?;
         pool.distribution = distribution;
         pool.hash = hash.parse()?;
         let before = pool.snapshot()?;

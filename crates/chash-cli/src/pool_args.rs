@@ -98,34 +98,27 @@ impl PoolArgs {
         if matches!(d, Distribution::Ring | Distribution::Bounded) {
             b = b.vnodes(self.vnodes);
         }
-        b = match &self.hash {
-            Some(h) => b.hash(h),
-            None => b,
-        };
-        b = match &self.hash_tag {
-            Some(t) => b.hash_tag(t),
-            None => b,
-        };
-        b = match &self.point_label {
-            Some(t) => b.point_label(t),
-            None => b,
-        };
-        b = match self.table_size {
-            Some(v) => b.maglev_table_size(v),
-            None => b,
-        };
-        b = match self.probes {
-            Some(v) => b.probes(v),
-            None => b,
-        };
-        b = match self.balance_factor {
-            Some(v) => b.balance_factor(v),
-            None => b,
-        };
-        b = match self.capacity {
-            Some(v) => b.anchor_capacity(v),
-            None => b,
-        };
+        if let Some(v) = &self.hash {
+            b = b.hash(v);
+        }
+        if let Some(v) = &self.hash_tag {
+            b = b.hash_tag(v);
+        }
+        if let Some(v) = &self.point_label {
+            b = b.point_label(v);
+        }
+        if let Some(v) = self.table_size {
+            b = b.maglev_table_size(v);
+        }
+        if let Some(v) = self.probes {
+            b = b.probes(v);
+        }
+        if let Some(v) = self.balance_factor {
+            b = b.balance_factor(v);
+        }
+        if let Some(v) = self.capacity {
+            b = b.anchor_capacity(v);
+        }
         Ok(b.build()?)
     }
 }

@@ -406,7 +406,7 @@ async fn embedded_pool(memory: u64, listen: &str) -> Result<(PoolSpec, tokio::sy
         addresses.insert(name.to_owned(), Address::Tcp(shard.addr.to_string()));
         servers.push(format!("{name}:1").parse::<ServerLine>()?);
     }
-    let mut pool = PoolConfig::from_servers(servers);
+    let mut pool = PoolConfig::from_servers(servers)?;
     pool.name = "embedded".into();
     pool.listen = listen.to_owned();
     Ok((PoolSpec { config: pool, addresses }, stop))

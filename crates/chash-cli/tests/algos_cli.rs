@@ -23,7 +23,8 @@ fn every_distribution_routes_as_the_library_does() {
         let second = chash(&args, input.as_bytes());
         assert_eq!(first.stdout, second.stdout, "{name}: two runs differ");
 
-        let mut pool = PoolConfig::from_servers(servers.iter().map(|s| s.parse::<ServerLine>().unwrap()).collect());
+        let mut pool =
+            PoolConfig::from_servers(servers.iter().map(|s| s.parse::<ServerLine>().unwrap()).collect()).unwrap();
         pool.distribution = name.parse::<Distribution>().unwrap();
         let snapshot = pool.snapshot().unwrap();
         let expected: String = keys

@@ -75,7 +75,7 @@ fn f(v: &Value) -> f64 {
 fn analyze_matches_the_library() {
     let servers = ["a:1", "b:2", "c:1"];
     let doc = json(&["analyze", "--node", "a:1", "--node", "b:2", "--node", "c:1", "--keys", "20000", "--json"]);
-    let pool = PoolConfig::from_servers(servers.iter().map(|s| s.parse::<ServerLine>().unwrap()).collect());
+    let pool = PoolConfig::from_servers(servers.iter().map(|s| s.parse::<ServerLine>().unwrap()).collect()).unwrap();
     let snapshot = pool.snapshot().unwrap();
     let ownership = snapshot.placement().ownership().unwrap();
     let mut counts: HashMap<&str, u64> = HashMap::new();

@@ -91,38 +91,11 @@ impl PoolConfig {
     }
 
     /// A pool of `servers` with chash's own defaults.
-    pub fn from_servers(servers: Vec<ServerLine>) -> PoolConfig {
-        PoolConfig::native_builder("cli").servers(servers).build().unwrap_or_else(|_| PoolConfig::empty_native())
-    }
-
-    fn empty_native() -> PoolConfig {
-        PoolConfig {
-            name: "cli".into(),
-            hash: KeyHasher::Xxh3,
-            hash_tag: None,
-            distribution: Distribution::Ring,
-            vnodes: DEFAULT_VNODES,
-            point_label: PointLabel::Native,
-            maglev_table_size: DEFAULT_MAGLEV_TABLE_SIZE,
-            probes: DEFAULT_PROBES,
-            balance_factor: DEFAULT_BALANCE_FACTOR,
-            anchor_capacity: DEFAULT_ANCHOR_CAPACITY,
-            servers: Vec::new(),
-            listen: DEFAULT_LISTEN.into(),
-            timeout: None,
-            backlog: 512,
-            client_connections: 0,
-            redis: false,
-            redis_auth: None,
-            redis_db: 0,
-            preconnect: false,
-            auto_eject_hosts: false,
-            server_connections: 1,
-            server_retry_timeout: Duration::from_secs(30),
-            server_failure_limit: 2,
-            tcpkeepalive: false,
-            reuseport: false,
-        }
+    ///
+    /// # Errors
+    /// No servers.
+    pub fn from_servers(servers: Vec<ServerLine>) -> Result<PoolConfig> {
+        PoolConfig::native_builder("cli").servers(servers).build()
     }
 
     /// Checks that this version of chash can place keys for this pool.
@@ -502,7 +475,8 @@ mod tests {
         assert_eq!((p.distribution, p.hash, p.vnodes), (Distribution::Ring, KeyHasher::Xxh3, DEFAULT_VNODES));
         let k = PoolConfig::native_builder("cli").distribution("ketama").server_line("a:1").build().unwrap();
         assert_eq!(k.hash, KeyHasher::Fnv1a64);
-        assert_eq!(PoolConfig::from_servers(vec!["a:1".parse().unwrap()]).servers.len(), 1);
+        assert_eq!(PoolConfig::from_servers(vec!["a:1".parse().unwrap()]).unwrap().servers.len(), 1);
+        assert!(PoolConfig::from_servers(Vec::new()).is_err());
     }
 
     #[test]
