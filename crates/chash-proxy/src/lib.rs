@@ -43,11 +43,8 @@ mod workers;
 
 pub use backend::{Address, Frame, Framing};
 pub use memcache::shard as embedded;
-pub use options::{
-    ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER, DEFAULT_DRAIN, DEFAULT_MAX_REDIS_VALUE, DEFAULT_MAX_VALUE,
-    DEFAULT_STATS_INTERVAL,
-};
-pub use pool::{Change, Pool, PoolError, PoolState};
+pub use options::{ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER};
+pub use pool::{Change, Pool, PoolError};
 pub use proxy::{start, PoolSpec, Running, StartError};
 pub use registry::{PoolReload, Registry, ReloadError};
 pub use stats::{PoolSnapshot, ServerSnapshot};

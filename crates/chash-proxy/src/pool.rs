@@ -339,7 +339,7 @@ impl Pool {
     }
 
     /// The current state (lock-free).
-    pub fn state(&self) -> arc_swap::Guard<Arc<PoolState>> {
+    pub(crate) fn state(&self) -> arc_swap::Guard<Arc<PoolState>> {
         self.state.load()
     }
 

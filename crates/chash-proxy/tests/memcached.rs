@@ -511,11 +511,11 @@ fn reload_applies_new_servers() {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     let moved = v["reloaded"][0]["moved_fraction"].as_f64().unwrap();
     assert!(moved > 0.1 && moved < 0.6, "{body}");
-    assert_eq!(proxy.handle.pools()[0].state().members.len(), 3);
+    assert_eq!(proxy.handle.pools()[0].stats().servers.len(), 3);
     std::fs::write(&path, "alpha: [broken").unwrap();
     let (status, _) = proxy.admin("POST", "/reload", "");
     assert_eq!(status, 400);
-    assert_eq!(proxy.handle.pools()[0].state().members.len(), 3, "a bad file changes nothing");
+    assert_eq!(proxy.handle.pools()[0].stats().servers.len(), 3, "a bad file changes nothing");
     let _ = std::fs::remove_dir_all(&dir);
     let _: HashMap<(), ()> = HashMap::new();
 }

@@ -332,7 +332,8 @@ fn large_replies_are_streamed() {
     let mut want = vec![format!("\"{value}\"")];
     want.extend((0..20).map(|i| format!("\"after-{i}\"")));
     assert!(c.cmd(&args) == format!("[{}]", want.join(", ")), "MGET with a 3 MiB part differs");
-    let server_of = |k: &str| proxy.handle.pools()[0].state().server_for(k.as_bytes()).unwrap().id().to_owned();
+    let routes = proxy.handle.pools()[0].config().snapshot().unwrap();
+    let server_of = |k: &str| routes.route(k.as_bytes()).unwrap().to_owned();
     let elsewhere = (0..20).map(|i| format!("after-{i}")).find(|k| server_of(k) != server_of("big")).unwrap();
     let mut keys = vec!["MGET".to_owned(), elsewhere];
     keys.extend((0..22).map(|_| "big".to_owned()));

@@ -11,7 +11,7 @@
 //! the proxy. Everything that cannot be routed by key is refused with an
 //! error naming the command and the reason.
 
-pub mod command;
+pub(crate) mod command;
 pub(crate) mod handshake;
 pub mod resp;
 pub(crate) mod session;
