@@ -83,7 +83,7 @@ pub struct ProxyArgs {
 
     /// Log level, as twemproxy's -v (0-11): 0-3 errors, 4 warnings, 5-6
     /// info, 7-8 debug, 9-11 trace. SIGTTIN/SIGTTOU move it by one.
-    #[arg(short = 'v', long = "verbose", value_name = "N", default_value_t = 5)]
+    #[arg(short = 'v', long = "verbose", value_name = "N", default_value_t = 5, value_parser = clap::value_parser!(u8).range(0..=11))]
     verbosity: u8,
 
     /// Log to this file instead of standard error; reopened on SIGHUP (for
@@ -136,13 +136,13 @@ pub struct ProxyArgs {
 
     /// Worker threads, each serving its share of the client connections
     /// with its own server connections (a pool's server_connections are per
-    /// worker). Default: one per core but one, at least one; on a host of
+    /// worker). Default: the number of cores minus one, at least one; on a host of
     /// its own, use all cores.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
 
     /// Memory bound of each embedded shard, in MiB (embedded default only).
-    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    #[arg(long, value_name = "MIB", default_value_t = 64, conflicts_with = "config")]
     shard_memory: u64,
 
     /// Listen address of the embedded default pool (port 0 picks a free one).
@@ -221,7 +221,11 @@ impl Log {
                 let f = f.clone();
                 registry.with(fmt.with_ansi(false).with_writer(move || FileWriter(f.clone()))).try_init()
             }
-            None => registry.with(fmt.with_writer(std::io::stderr)).try_init(),
+            None => {
+                use std::io::IsTerminal as _;
+                let colour = std::io::stderr().is_terminal();
+                registry.with(fmt.with_ansi(colour).with_writer(std::io::stderr)).try_init()
+            }
         };
         Ok(Log { file, verbosity: AtomicU8::new(verbosity), level })
     }
@@ -261,9 +265,20 @@ fn load(path: &Path) -> Result<Vec<PoolConfig>> {
         if pool.distribution != chash::Distribution::Random {
             pool.snapshot().with_context(|| format!("{}: pool {name:?}", path.display()))?;
         }
+        chash_proxy::check_servers(&pool).with_context(|| path.display().to_string())?;
         pools.push(pool);
     }
     Ok(pools)
+}
+
+/// The name the command was called by: `nutcracker` or `chash`.
+fn program() -> &'static str {
+    let called = std::env::args_os().next().unwrap_or_default();
+    if Path::new(&called).file_name().is_some_and(|n| n == "nutcracker") {
+        "nutcracker"
+    } else {
+        "chash"
+    }
 }
 
 pub fn run(args: ProxyArgs) -> Result<()> {
@@ -274,7 +289,15 @@ pub fn run(args: ProxyArgs) -> Result<()> {
     if args.test_conf {
         let path = args.config.as_ref().context("--test-conf needs -c FILE")?;
         let pools = load(path)?;
-        println!("chash: configuration file '{}' syntax is ok ({} pools)", path.display(), pools.len());
+        let plural = if pools.len() == 1 { "pool" } else { "pools" };
+        let ok =
+            format!("{}: configuration file '{}' syntax is ok ({} {plural})", program(), path.display(), pools.len());
+        // Where each program says it: nutcracker on standard error.
+        if program() == "nutcracker" {
+            eprintln!("{ok}");
+        } else {
+            println!("{ok}");
+        }
         return Ok(());
     }
     if args.daemonize && std::env::var_os(DAEMON_ENV).is_none() {
@@ -295,6 +318,18 @@ pub fn run(args: ProxyArgs) -> Result<()> {
         .build()
         .context("cannot start the runtime")?;
     runtime.block_on(serve(args, log))
+}
+
+/// The background process of `-d`, once it serves: standard output and
+/// error go to /dev/null (the command that started it has stopped reading
+/// them), as a daemon's do.
+fn detach_streams() {
+    use std::os::fd::AsRawFd as _;
+    let _ = std::io::stdout().flush();
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 2);
+    }
 }
 
 /// Gives SIGSEGV its default action back: the process dies of it (and can
@@ -379,9 +414,10 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
         std::fs::write(path, format!("{}\n", std::process::id()))
             .with_context(|| format!("cannot write pid file {}", path.display()))?;
     }
-    announce(&running, embedded.is_some());
+    announce(&running, embedded.is_some(), log.file.is_some());
     if std::env::var_os(DAEMON_ENV).is_some() {
         println!("{READY}");
+        detach_streams();
     }
     let outcome = signals.wait(&running, &log).await;
     tracing::info!("shutting down: finishing in-flight requests");
@@ -412,10 +448,14 @@ async fn embedded_pool(memory: u64, listen: &str) -> Result<(PoolSpec, tokio::sy
     Ok((PoolSpec { config: pool, addresses }, stop))
 }
 
-fn announce(running: &Running, embedded: bool) {
+/// Says where the proxy serves: on standard error, and in the log file
+/// when there is one.
+fn announce(running: &Running, embedded: bool, log_file: bool) {
     for (pool, (name, addr)) in running.registry.pools().iter().zip(&running.listeners) {
         let protocol = if pool.settings.redis { "Redis" } else { "memcached" };
-        tracing::info!("pool {name:?} serving {protocol} on {addr}");
+        if log_file {
+            tracing::info!("pool {name:?} serving {protocol} on {addr}");
+        }
         eprintln!("chash proxy: pool {name:?} serving {protocol} on {addr}");
     }
     if embedded {
@@ -429,7 +469,9 @@ fn announce(running: &Running, embedded: bool) {
         }
     }
     if let Some(stats) = running.stats {
-        eprintln!("chash proxy: stats (twemproxy's JSON) on {stats}  (nc {} {})", stats.ip(), stats.port());
+        // Every interface: any of them answers, loopback too.
+        let ip = if stats.ip().is_unspecified() { "127.0.0.1".to_owned() } else { stats.ip().to_string() };
+        eprintln!("chash proxy: stats (twemproxy's JSON) on {stats}  (curl --http0.9 -s {ip}:{})", stats.port());
     }
     if let Some(admin) = running.admin {
         eprintln!("chash proxy: admin on http://{admin}  (curl http://{admin}/stats)");
@@ -476,9 +518,9 @@ impl Signals {
                     }
                     match running.registry.reload() {
                         Ok(results) => for (pool, r) in results {
-                            match r {
-                                Ok(c) => tracing::info!(%pool, moved = c.moved_fraction, "reload: {}", c.change),
-                                Err(e) => tracing::warn!(%pool, "reload: {e}"),
+                            // The pool logs what each change did.
+                            if let Err(e) = r {
+                                tracing::warn!(%pool, "reload: {e}");
                             }
                         },
                         Err(e) => tracing::error!("reload failed, nothing changed: {e}"),

@@ -178,6 +178,16 @@ fn test_conf_checks_a_file() {
         Command::new(env!("CARGO_BIN_EXE_chash")).args(["proxy", "-t", "-c", bad.to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("colour"));
+    // A server line without a weight reads as a host without a port: refused.
+    let no_weight = dir.join("no-weight.yml");
+    std::fs::write(&no_weight, "alpha:\n  listen: 127.0.0.1:22121\n  servers:\n   - 127.0.0.1:21211\n").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_chash"))
+        .args(["proxy", "-t", "-c", no_weight.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("HOST:PORT:WEIGHT") && err.contains("127.0.0.1:21211"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 
 use support::{free_port, memcacheds, Redis};
 
-/// A `chash proxy -c FILE` process.
+/// A `chash proxy -c FILE` process (and the directory of its config).
 struct ProxyProcess {
     child: Child,
+    dir: std::path::PathBuf,
 }
 
 impl ProxyProcess {
@@ -35,7 +36,7 @@ impl ProxyProcess {
             .spawn()
             .unwrap();
         support::wait_listening(listen);
-        ProxyProcess { child }
+        ProxyProcess { child, dir }
     }
 
     /// Resident memory, in KiB.
@@ -50,6 +51,7 @@ impl Drop for ProxyProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -222,10 +222,11 @@ fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// A metric's name in Prometheus: prefixed, and `_total` for counters.
+/// A metric's name in Prometheus: prefixed, and `_total` for counters
+/// (memcached's `total_connections` is `..._connections_total`).
 fn metric_name(prefix: &str, d: &Desc) -> String {
     match d.kind {
-        Kind::Counter => format!("{prefix}_{}_total", d.name),
+        Kind::Counter => format!("{prefix}_{}_total", d.name.strip_prefix("total_").unwrap_or(d.name)),
         Kind::Gauge => format!("{prefix}_{}", d.name),
     }
 }

@@ -279,7 +279,9 @@ pub(crate) async fn serve<T, S>(
         close
     };
     let (close, ()) = tokio::join!(reader, writer);
-    guard.close = Some(if account.is_overflowed() { Close::Overflow } else { close });
+    let close = if account.is_overflowed() { Close::Overflow } else { close };
+    tracing::debug!(client = requester.affinity, "client connection closed ({close:?})");
+    guard.close = Some(close);
 }
 
 /// What a read gave.

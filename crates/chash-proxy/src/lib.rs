@@ -44,7 +44,7 @@ mod workers;
 pub use backend::{Address, Frame, Framing};
 pub use memcache::shard as embedded;
 pub use options::{ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER};
-pub use pool::{Change, Pool, PoolError};
+pub use pool::{check_servers, Change, Pool, PoolError};
 pub use proxy::{start, PoolSpec, Running, StartError};
 pub use registry::{PoolReload, Registry, ReloadError};
 pub use stats::{PoolSnapshot, ServerSnapshot};

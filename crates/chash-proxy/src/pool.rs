@@ -208,6 +208,13 @@ pub enum PoolError {
     ZeroWeight,
     /// Nothing to do (the server is already ejected).
     AlreadyEjected(String),
+    /// A server whose id is not an address the proxy can reach.
+    BadAddress {
+        /// The pool.
+        pool: String,
+        /// The server line.
+        line: String,
+    },
     /// A change that takes effect only after a restart (a new pool, a
     /// pool gone from the config).
     NeedsRestart {
@@ -227,6 +234,11 @@ impl fmt::Display for PoolError {
             PoolError::UnknownServer { pool, id } => write!(f, "no server {id:?} in pool {pool:?}"),
             PoolError::ZeroWeight => f.write_str("weight 0: weights start at 1"),
             PoolError::AlreadyEjected(id) => write!(f, "server {id:?} is already ejected"),
+            PoolError::BadAddress { pool, line } => write!(
+                f,
+                "pool {pool:?}: server {line:?} names no HOST:PORT to connect to (a server line is \
+                 HOST:PORT:WEIGHT [NAME] or /socket/path:WEIGHT [NAME], e.g. 127.0.0.1:11211:1)"
+            ),
             PoolError::NeedsRestart { pool, what } => write!(f, "pool {pool:?}: {what}"),
         }
     }
@@ -292,7 +304,7 @@ impl Pool {
         };
         let mut members = Vec::new();
         for line in &config.servers {
-            let address = addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
+            let address = address_of(line, &addresses, &config.name)?;
             let server = Server::start(&workers, line.clone(), address, &settings.backend, Some(on_failure.clone()));
             members.push(Member { line: line.clone(), server, ejected: None });
         }
@@ -313,9 +325,9 @@ impl Pool {
         Ok(pool)
     }
 
-    fn start_server(&self, line: ServerLine) -> Arc<Server> {
-        let address = self.addresses.get(&line.id).cloned().unwrap_or_else(|| Address::of_id(&line.id));
-        Server::start(&self.workers, line, address, &self.settings.backend, Some(self.on_failure.clone()))
+    fn start_server(&self, line: ServerLine) -> Result<Arc<Server>, PoolError> {
+        let address = address_of(&line, &self.addresses, &self.name)?;
+        Ok(Server::start(&self.workers, line, address, &self.settings.backend, Some(self.on_failure.clone())))
     }
 
     /// The workers the pool's connections run on.
@@ -436,7 +448,7 @@ impl Pool {
                 if members.iter().any(|m| m.line.id == line.id) {
                     return Err(PoolError::DuplicateServer { pool: config.name.clone(), id: line.id.clone() });
                 }
-                let server = self.start_server(line.clone());
+                let server = self.start_server(line.clone())?;
                 config.servers.push(line.clone());
                 members.push(Member { line, server, ejected: None });
                 Ok(())
@@ -529,7 +541,7 @@ impl Pool {
                 for line in &new.servers {
                     let member = match members.iter().find(|m| m.line.id == line.id) {
                         Some(m) => Member { line: line.clone(), server: m.server.clone(), ejected: m.ejected },
-                        None => Member { line: line.clone(), server: self.start_server(line.clone()), ejected: None },
+                        None => Member { line: line.clone(), server: self.start_server(line.clone())?, ejected: None },
                     };
                     next.push(member);
                 }
@@ -607,6 +619,38 @@ impl Pool {
             });
         }
     }
+}
+
+/// Where a server is reached: its address override, else its id, which
+/// must then be `HOST:PORT` or a socket path.
+fn address_of(line: &ServerLine, addresses: &HashMap<String, Address>, pool: &str) -> Result<Address, PoolError> {
+    if let Some(a) = addresses.get(&line.id) {
+        return Ok(a.clone());
+    }
+    let address = Address::of_id(&line.id);
+    let reachable = match &address {
+        Address::Tcp(a) => {
+            a.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+        }
+        _ => true,
+    };
+    if reachable {
+        Ok(address)
+    } else {
+        Err(PoolError::BadAddress { pool: pool.to_owned(), line: line.to_string() })
+    }
+}
+
+/// Checks that every server of `config` names an address the proxy can
+/// connect to (the `-t` check; pools also check when they start).
+///
+/// # Errors
+/// [`PoolError::BadAddress`] for the first that does not.
+pub fn check_servers(config: &PoolConfig) -> Result<(), PoolError> {
+    for line in &config.servers {
+        address_of(line, &HashMap::new(), &config.name)?;
+    }
+    Ok(())
 }
 
 fn find(members: &[Member], id: &str, pool: &str) -> Result<usize, PoolError> {

@@ -213,7 +213,7 @@ async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>
             a = listener.accept() => a,
             _ = stop.changed() => return,
         };
-        let (stream, _) = match accepted {
+        let (stream, peer) = match accepted {
             Ok(a) => {
                 backoff = Duration::from_millis(5);
                 a
@@ -233,6 +233,7 @@ async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>
             continue;
         }
         let _ = stream.set_nodelay(true);
+        tracing::debug!(pool = %pool.name, %peer, "client connected");
         let guard = ConnGuard::open(pool.all_counters().clone());
         let pool = pool.clone();
         let shared = shared.clone();

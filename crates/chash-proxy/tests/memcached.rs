@@ -594,7 +594,8 @@ fn every_rendering_carries_every_counter() {
     for name in &pool_names {
         assert!(stats.contains(&format!("STAT {name} ")), "memcached stats lacks {name}:\n{stats}");
         assert!(json["pools"][0].get(name).is_some(), "JSON lacks {name}");
-        assert!(metrics.contains(&format!("chash_pool_{name}")), "Prometheus lacks {name}");
+        let metric = name.strip_prefix("total_").unwrap_or(name);
+        assert!(metrics.contains(&format!("chash_pool_{metric}")), "Prometheus lacks {name}");
     }
     for name in &server_names {
         assert!(json["pools"][0]["servers"][0].get(name).is_some(), "JSON lacks server {name}");
@@ -606,4 +607,34 @@ fn every_rendering_carries_every_counter() {
     {
         assert!(doc.contains(&format!("\"{field}\":")), "stats document lacks {field}: {doc}");
     }
+}
+
+/// `noreply` means no reply at all, not even for a refused request, as in
+/// memcached (pymemcache sets with noreply by default: an error reply would
+/// be read as the next request's).
+#[test]
+fn refused_noreply_requests_send_nothing_as_memcached() {
+    let mc = memcacheds(1);
+    let proxy = Proxy::start(&support::config("", &refs(&mc)));
+    let mut input = b"set big 0 0 2000000 noreply\r\n".to_vec();
+    input.extend(std::iter::repeat_n(b'x', 2_000_000));
+    input.extend_from_slice(
+        b"\r\nset k 0 0 1 noreply\r\nq\r\nincr k x noreply\r\nset c 0 0 1 noreply\r\nxyz\r\nget k\r\n",
+    );
+    let talk = |addr: std::net::SocketAddr| {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(&input).unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !out.ends_with(b"END\r\n") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "closed early: {:?}", String::from_utf8_lossy(&out));
+            out.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8(out).unwrap()
+    };
+    let direct = talk(([127, 0, 0, 1], mc[0].port).into());
+    assert_eq!(direct, "ERROR\r\nVALUE k 0 1\r\nq\r\nEND\r\n", "memcached itself");
+    assert_eq!(talk(proxy.addr), direct);
 }

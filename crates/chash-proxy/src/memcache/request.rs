@@ -242,9 +242,45 @@ fn num<T: std::str::FromStr>(word: &[u8]) -> Option<T> {
     std::str::from_utf8(word).ok()?.parse().ok()
 }
 
+/// Commands that take `noreply`.
+const QUIETABLE: [&[u8]; 12] = [
+    b"set",
+    b"add",
+    b"replace",
+    b"append",
+    b"prepend",
+    b"cas",
+    b"delete",
+    b"incr",
+    b"decr",
+    b"touch",
+    b"flush_all",
+    b"verbosity",
+];
+
+/// Whether the complete line at the front of `buf` asks for no reply: then,
+/// as memcached, not even an error is sent (a client that sent `noreply`
+/// reads no reply for it, so one would be taken for the next request's).
+fn quiet_line(buf: &[u8]) -> bool {
+    let Some(nl) = memchr::memchr(b'\n', buf) else { return false };
+    let line = &buf[..nl];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
+    let (Some(cmd), Some(last)) = (words.next(), words.next_back()) else { return false };
+    last == b"noreply" && QUIETABLE.contains(&cmd)
+}
+
 /// Parses one request from the front of `buf`, taking its bytes when it is
-/// complete.
+/// complete. A refused request that asked for no reply gets an empty one.
 pub fn parse_request(buf: &mut BytesMut, limits: Limits) -> Parsed {
+    let quiet = quiet_line(buf);
+    match parse_line(buf, limits) {
+        Parsed::Refused { skip, close: false, .. } if quiet => Parsed::Refused { reply: b"", skip, close: false },
+        parsed => parsed,
+    }
+}
+
+fn parse_line(buf: &mut BytesMut, limits: Limits) -> Parsed {
     let Some(nl) = memchr::memchr(b'\n', buf) else {
         if buf.len() > MAX_LINE {
             if let Some(partial) = get_line_start(buf, limits) {
@@ -663,6 +699,13 @@ mod tests {
         assert_eq!(parse(b"get\r\n").0, refused(ERROR));
         assert_eq!(parse(b"get a\x01b\r\n").0, refused(BAD_FORMAT));
         assert_eq!(parse(b"incr k x\r\n").0, refused(b"CLIENT_ERROR invalid numeric delta argument\r\n"));
+        // noreply: no reply at all, not even an error (memcached's rule).
+        assert_eq!(parse(b"set k 0 0 4096 noreply\r\n").0, Parsed::Refused { reply: b"", skip: 4098, close: false });
+        assert_eq!(
+            parse(b"set k 0 0 1 noreply\r\nxyz\r\n"),
+            (Parsed::Refused { reply: b"", skip: 0, close: false }, 2)
+        );
+        assert_eq!(parse(b"incr k x noreply\r\n").0, Parsed::Refused { reply: b"", skip: 0, close: false });
         let mut huge = BytesMut::from(&vec![b'a'; MAX_LINE + 1][..]);
         assert!(matches!(parse_request(&mut huge, Limits::default()), Parsed::Refused { close: true, .. }));
         let mut huge = BytesMut::from(format!("get {}", "k".repeat(MAX_LINE)).as_bytes());
