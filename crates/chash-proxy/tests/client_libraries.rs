@@ -44,3 +44,28 @@ fn redis_py_is_told_the_value_limit() {
     let proxy = Proxy::start_with(&yml, options, None);
     run_script("redis_too_large.py", proxy.addr);
 }
+
+/// redis-py's default pipeline is a MULTI/EXEC transaction: it runs when
+/// its keys share a server (hash tags), and when they do not nothing of it
+/// runs (before, the refused MULTI left its commands to run one by one).
+#[test]
+fn redis_py_transactions() {
+    let redis = [support::Redis::start(None), support::Redis::start(None), support::Redis::start(None)];
+    let mut yml = format!(
+        "alpha:\n  listen: 127.0.0.1:{}\n  redis: true\n  hash_tag: \"{{}}\"\n  servers:\n",
+        support::free_port()
+    );
+    for r in &redis {
+        yml.push_str(&format!("   - {}:1\n", r.id()));
+    }
+    let proxy = Proxy::start(&yml);
+    let routes = proxy.handle.pools()[0].config().snapshot().unwrap();
+    let owner = |k: &str| routes.route(k.as_bytes()).unwrap().to_owned();
+    let one = "tx:0".to_owned();
+    let other = (1..).map(|i| format!("tx:{i}")).find(|k| owner(k) != owner(&one)).unwrap();
+    let python = require("python3", "python3");
+    let path = format!("{}/tests/clients/redis_transactions.py", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(python).args([&path, &proxy.addr.to_string(), &one, &other]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "redis_transactions.py failed:\n{text}");
+}

@@ -169,7 +169,7 @@ fn every_command_family_through_the_proxy() {
     assert!(c.cmd(&["HELLO", "2"]).contains("chash-proxy"));
     assert!(c.cmd(&["HELLO", "3"]).starts_with("-NOPROTO"));
     for refused in [
-        vec!["MULTI"],
+        vec!["WATCH", "k"],
         vec!["SUBSCRIBE", "ch"],
         vec!["KEYS", "*"],
         vec!["SCAN", "0"],
@@ -518,4 +518,75 @@ fn a_request_behind_a_stuck_stream_is_answered_within_its_timeout() {
         assert!(Instant::now() < deadline, "the server connection never recovered");
         thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Transactions: `MULTI` ... `EXEC` on keys of one server run as one; keys
+/// on two servers get an error naming the key and the hash-tag fix, `EXEC`
+/// gets `-EXECABORT`, and nothing runs; a client that leaves inside `MULTI`
+/// leaves nothing behind; 20 clients running transactions at once never see
+/// each other's results.
+#[test]
+fn transactions_on_one_server() {
+    let rs = servers(3);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let proxy = Proxy::start(&config("  hash_tag: \"{}\"\n", &refs));
+    let routes = proxy.handle.pools()[0].config().snapshot().unwrap();
+    let owner = |k: &str| routes.route(k.as_bytes()).unwrap().to_owned();
+    let mut c = Resp::connect(proxy.addr);
+    assert_eq!(c.cmd(&["EXEC"]), "-ERR EXEC without MULTI");
+    assert_eq!(c.cmd(&["MULTI"]), "+OK");
+    assert_eq!(c.cmd(&["MULTI"]), "-ERR MULTI calls can not be nested");
+    assert_eq!(c.cmd(&["SET", "{u:1}:a", "1"]), "+QUEUED");
+    assert_eq!(c.cmd(&["INCR", "{u:1}:b"]), "+QUEUED");
+    assert_eq!(c.cmd(&["MGET", "{u:1}:a", "{u:1}:b"]), "+QUEUED");
+    assert_eq!(c.cmd(&["EXEC"]), "[+OK, :1, [\"1\", \"1\"]]");
+    // Two servers: refused at the second key, and EXEC discards it all.
+    let one = "k0".to_owned();
+    let other = (1..).map(|i| format!("k{i}")).find(|k| owner(k) != owner(&one)).unwrap();
+    assert_eq!(c.cmd(&["MULTI"]), "+OK");
+    assert_eq!(c.cmd(&["SET", &one, "x"]), "+QUEUED");
+    let refused = c.cmd(&["SET", &other, "y"]);
+    assert!(refused.starts_with("-ERR") && refused.contains(&other) && refused.contains("hash tag"), "{refused}");
+    assert_eq!(c.cmd(&["EXEC"]), "-EXECABORT Transaction discarded because of previous errors.");
+    assert_eq!(c.cmd(&["EXISTS", &one, &other]), ":0", "nothing ran");
+    // DISCARD, and a client gone inside MULTI: nothing runs.
+    assert_eq!(c.cmd(&["MULTI"]), "+OK");
+    assert_eq!(c.cmd(&["SET", "{u:2}:a", "1"]), "+QUEUED");
+    assert_eq!(c.cmd(&["DISCARD"]), "+OK");
+    let mut gone = Resp::connect(proxy.addr);
+    assert_eq!(gone.cmd(&["MULTI"]), "+OK");
+    assert_eq!(gone.cmd(&["SET", "{u:3}:a", "1"]), "+QUEUED");
+    drop(gone);
+    thread::sleep(Duration::from_millis(100));
+    assert_eq!(c.cmd(&["EXISTS", "{u:2}:a", "{u:3}:a"]), ":0");
+    assert!(c.cmd(&["WATCH", "{u:1}:a"]).contains("not supported"));
+    // 20 clients at once, each its own tag and values naming their keys.
+    let mismatches = Arc::new(AtomicU64::new(0));
+    let workers: Vec<_> = (0..20)
+        .map(|w| {
+            let (addr, mismatches) = (proxy.addr, mismatches.clone());
+            thread::spawn(move || {
+                let mut c = Resp::connect(addr);
+                for i in 0..50 {
+                    let (a, b) = (format!("{{w{w}}}:a:{i}"), format!("{{w{w}}}:b:{i}"));
+                    let mut batch = Vec::new();
+                    for args in
+                        [vec!["MULTI"], vec!["SET", &a, &a], vec!["SET", &b, &b], vec!["MGET", &a, &b], vec!["EXEC"]]
+                    {
+                        batch.extend_from_slice(&Resp::encode(&args));
+                    }
+                    c.w.write_all(&batch).unwrap();
+                    let replies: Vec<String> = (0..5).map(|_| c.read()).collect();
+                    let want = format!("[+OK, +OK, [\"{a}\", \"{b}\"]]");
+                    if replies[..4] != ["+OK", "+QUEUED", "+QUEUED", "+QUEUED"] || replies[4] != want {
+                        mismatches.fetch_add(1, Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(mismatches.load(Relaxed), 0);
 }

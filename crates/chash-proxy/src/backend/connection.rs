@@ -263,6 +263,10 @@ pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
 /// A request written and waiting for its reply.
 struct InFlight {
     framing: &'static dyn Framing,
+    /// Replies still to come for it (more than one for a transaction), and
+    /// those that came.
+    frames_left: usize,
+    got: Option<BytesMut>,
     /// `None` once answered early (timed out behind a stream): its reply is
     /// still read, and dropped.
     reply: Option<ReplyTx>,
@@ -356,8 +360,17 @@ async fn run_connection(
             let bytes = job.data.len() as u64;
             c.out_queue.fetch_add(1, Relaxed);
             c.out_queue_bytes.fetch_add(bytes, Relaxed);
-            let Job { framing, reply, account, deadline, .. } = job;
-            let inflight = InFlight { framing, reply: Some(reply), account, deadline, sent, bytes };
+            let Job { framing, frames, reply, account, deadline, .. } = job;
+            let inflight = InFlight {
+                framing,
+                frames_left: frames,
+                got: None,
+                reply: Some(reply),
+                account,
+                deadline,
+                sent,
+                bytes,
+            };
             if let Err(mpsc::error::SendError(f)) = inflight_tx.send(inflight) {
                 f.settle(c, Err(BackendError::Closed("connection lost".into())));
                 return Some(ended_by_reader(reader.await));
@@ -456,8 +469,22 @@ async fn read_replies(
         while let Some(front) = line.waiting.front() {
             let framing = front.framing;
             match framing.parse(&mut buf) {
+                Frame::Done(reply) if front.frames_left > 1 => {
+                    // One of several replies to one request: kept until the last.
+                    if let Some(f) = line.waiting.front_mut() {
+                        f.frames_left -= 1;
+                        f.got.get_or_insert_with(BytesMut::new).extend_from_slice(&reply);
+                    }
+                }
                 Frame::Done(reply) => {
-                    if let Some(f) = line.waiting.pop_front() {
+                    if let Some(mut f) = line.waiting.pop_front() {
+                        let reply = match f.got.take() {
+                            Some(mut got) => {
+                                got.extend_from_slice(&reply);
+                                got.freeze()
+                            }
+                            None => reply,
+                        };
                         latency.local().observe(f.sent.elapsed());
                         c.responses.fetch_add(1, Relaxed);
                         c.response_bytes.fetch_add(reply.len() as u64, Relaxed);
@@ -465,11 +492,17 @@ async fn read_replies(
                     }
                 }
                 Frame::Incomplete => {
+                    // A reply of several frames is never streamed (it is
+                    // taken apart by the proxy); too large, all its frames
+                    // are read past.
+                    let several = front.frames_left > 1 || front.got.is_some();
                     let streamed = match framing.large() {
-                        Large::Stream { after } if buf.len() >= after => true,
+                        Large::Stream { after } if buf.len() >= after && !several => true,
+                        Large::Stream { after } if buf.len() >= after => false,
                         Large::Refuse { limit } if buf.len() >= limit => false,
                         _ => break,
                     };
+                    let frames = front.frames_left;
                     // A large reply: passed on to the client as it arrives,
                     // or (too large to hold whole) read past.
                     let Some(scanner) = framing.scanner() else { break };
@@ -482,13 +515,21 @@ async fn read_replies(
                         Some(tx)
                     } else {
                         let limit = match framing.large() {
-                            Large::Refuse { limit } => limit,
-                            _ => 0,
+                            Large::Refuse { limit } | Large::Stream { after: limit } => limit,
+                            Large::Hold => 0,
                         };
                         f.settle(c, Err(BackendError::TooLarge(limit)));
                         None
                     };
-                    match stream_reply(&mut r, &mut buf, scanner, tx, timeout, c, &mut line).await {
+                    let mut outcome = stream_reply(&mut r, &mut buf, scanner, tx, timeout, c, &mut line).await;
+                    for _ in 1..frames {
+                        if outcome.is_err() {
+                            break;
+                        }
+                        let Some(scanner) = framing.scanner() else { break };
+                        outcome = stream_reply(&mut r, &mut buf, scanner, None, timeout, c, &mut line).await;
+                    }
+                    match outcome {
                         Ok(()) => {
                             // Requests queued behind it waited for the stream,
                             // not for their server: for the connection's

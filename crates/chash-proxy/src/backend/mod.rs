@@ -166,6 +166,19 @@ impl Server {
     /// by then whatever it is doing (connecting, failing its set-up,
     /// waiting behind other requests or a streamed reply).
     pub async fn submit(&self, data: Bytes, framing: &'static dyn Framing, requester: &Requester) -> Pending {
+        self.submit_frames(data, framing, 1, requester).await
+    }
+
+    /// As [`Server::submit`], for `data` holding several requests that go
+    /// out together on one connection, nothing between them: their
+    /// `frames` replies come back as one reply, in order (a transaction).
+    pub async fn submit_frames(
+        &self,
+        data: Bytes,
+        framing: &'static dyn Framing,
+        frames: usize,
+        requester: &Requester,
+    ) -> Pending {
         let (tx, rx) = oneshot::channel();
         let c = self.counters();
         let len = data.len() as u64;
@@ -176,7 +189,7 @@ impl Server {
         let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
         let queues = &self.queues[crate::workers::current_index() % self.queues.len()];
         let account = requester.account.clone();
-        let job = Job { data, framing, reply: tx, account: account.clone(), deadline };
+        let job = Job { data, framing, frames: frames.max(1), reply: tx, account: account.clone(), deadline };
         if let Err(mpsc::error::SendError(job)) = queues[requester.affinity % queues.len()].send(job).await {
             connection::fail(c, job, &BackendError::Gone);
         }

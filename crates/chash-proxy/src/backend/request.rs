@@ -189,6 +189,9 @@ pub(super) type ReplyTx = oneshot::Sender<Result<Reply, BackendError>>;
 pub(super) struct Job {
     pub data: Bytes,
     pub framing: &'static dyn Framing,
+    /// How many of the framing's replies make up this request's reply (a
+    /// transaction's commands, sent and answered together).
+    pub frames: usize,
     pub reply: ReplyTx,
     pub account: Arc<ReplyAccount>,
     /// When it must have been answered (the pool's `timeout` from when it

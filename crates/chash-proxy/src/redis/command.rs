@@ -29,6 +29,9 @@ pub enum Route {
     Eval,
     /// Answered by the proxy itself.
     Proxy,
+    /// `MULTI`, `EXEC`, `DISCARD`: the session queues the transaction and
+    /// sends it whole to the one server its keys are on.
+    Transaction,
     /// Refused, with the reason.
     Refused(&'static str),
 }
@@ -304,9 +307,11 @@ fn route_of(name: &str) -> Route {
         }
         "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" => Route::Eval,
         "PING" | "ECHO" | "QUIT" | "COMMAND" | "INFO" | "SELECT" | "HELLO" | "AUTH" => Route::Proxy,
-        "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "UNWATCH" => {
-            Route::Refused("transactions need one connection to one server; a sharding proxy cannot give that")
-        }
+        "MULTI" | "EXEC" | "DISCARD" => Route::Transaction,
+        "WATCH" | "UNWATCH" => Route::Refused(
+            "WATCH needs a connection of its own to the key's server, which chash-proxy does not give yet; \
+             MULTI/EXEC on keys of one server works",
+        ),
         "SUBSCRIBE" | "PSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "SSUBSCRIBE" | "SUNSUBSCRIBE" | "PUBLISH"
         | "SPUBLISH" | "PUBSUB" => Route::Refused("pub/sub is not routed by key"),
         "KEYS" | "SCAN" | "RANDOMKEY" | "DBSIZE" => Route::Refused("it spans the whole key space of every server"),
@@ -371,7 +376,8 @@ mod tests {
     fn routes_and_keys() {
         assert_eq!(route("GET"), Route::Single);
         assert_eq!(route("MGET"), Route::Mget);
-        assert!(matches!(route("MULTI"), Route::Refused(_)));
+        assert_eq!(route("MULTI"), Route::Transaction);
+        assert!(matches!(route("WATCH"), Route::Refused(_)));
         assert!(matches!(route("NOPE"), Route::Refused(_)));
         assert_eq!(key_positions(route("MSETNX"), &args("MSETNX a 1 b 2")), Some(vec![1, 3]));
         assert_eq!(key_positions(route("ZUNIONSTORE"), &args("ZUNIONSTORE d 2 a b WEIGHTS 1 2")), Some(vec![1, 3, 4]));

@@ -6,7 +6,9 @@
 //! `UNLINK`, `EXISTS` and `TOUCH` are split by server and their replies
 //! reassembled in order or summed; other multi-key commands (and scripts)
 //! run when all their keys are on one server (hash tags make that so) and
-//! are refused otherwise. `PING`, `ECHO`, `QUIT`, `COMMAND`, `INFO`,
+//! are refused otherwise. `MULTI` ... `EXEC` transactions are queued by the
+//! session and sent whole to the one server their keys are on. `PING`,
+//! `ECHO`, `QUIT`, `COMMAND`, `INFO`,
 //! `SELECT` (of the pool's `redis_db`), `HELLO 2` and `AUTH` are answered by
 //! the proxy. Everything that cannot be routed by key is refused with an
 //! error naming the command and the reason.

@@ -451,6 +451,17 @@ impl FrameScanner {
     }
 }
 
+/// The frames of a reply made of several (a transaction's), in order.
+pub fn frames(reply: &Bytes) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut p = 0;
+    while let Ok(Some(e)) = frame_end(reply, p, 0) {
+        out.push(reply.slice(p..e));
+        p = e;
+    }
+    out
+}
+
 /// The elements of an array reply (raw frames), or `None` if it is not an array.
 pub fn array_items(frame: &Bytes) -> Option<Vec<Bytes>> {
     if frame.first() != Some(&b'*') {

@@ -9,7 +9,8 @@ use bytes::{Bytes, BytesMut};
 
 use super::command::{key_positions, route, Route};
 use super::resp::{
-    array_items, bulk, error, integer, parse_request, Command, Request, RespLimits, Skip, STREAMED, WHOLE,
+    array_items, bulk, error, frames, integer, parse_request, Command, Request, RespLimits, Skip, STREAMED, WHOLE,
+    WHOLE_REPLY_LIMIT,
 };
 use crate::backend::{BackendError, Reply, Requester, Server};
 use crate::conn::{bytes_reply, ready, ready_owned, Out, PendingReply, Session, Step};
@@ -25,13 +26,31 @@ pub(crate) struct RedisSession {
     authed: bool,
     /// The rest of a refused command, dropped as it arrives.
     skip: Option<Skip>,
+    /// A transaction being queued (between `MULTI` and `EXEC`).
+    tx: Option<Transaction>,
 }
+
+/// A transaction's commands, queued by the proxy until `EXEC`, then sent
+/// to their server together (`MULTI`, the commands, `EXEC` in one write on
+/// one connection, nothing of another client's between them).
+#[derive(Default)]
+struct Transaction {
+    commands: Vec<Command>,
+    /// The server of its keys.
+    server: Option<Arc<Server>>,
+    /// Why it will be discarded at `EXEC`, if a command was refused.
+    refused: bool,
+    bytes: usize,
+}
+
+/// The most commands (and bytes) a transaction queues in the proxy.
+const MAX_TRANSACTION: usize = 100_000;
 
 impl RedisSession {
     pub(crate) fn new(pool: Arc<Pool>, shared: Arc<Shared>, requester: Requester) -> RedisSession {
         let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value(true).max(512) };
         let authed = pool.settings.redis_auth.is_none();
-        RedisSession { pool, shared, requester, limits, authed, skip: None }
+        RedisSession { pool, shared, requester, limits, authed, skip: None, tx: None }
     }
 }
 
@@ -98,7 +117,11 @@ impl RedisSession {
         if !self.authed && !matches!(name, "AUTH" | "HELLO" | "QUIT") {
             return err(pool, "NOAUTH Authentication required.".into());
         }
+        if self.tx.is_some() && !matches!(name, "MULTI" | "EXEC" | "DISCARD" | "QUIT") {
+            return self.queue(name, cmd);
+        }
         match route(name) {
+            Route::Transaction => self.transaction(name).await,
             Route::Proxy => self.proxy_command(name, &cmd),
             Route::Refused(why) => {
                 err(pool, format!("ERR '{}' is not supported by chash-proxy: {why}", cmd.name().to_ascii_lowercase()))
@@ -158,6 +181,128 @@ impl RedisSession {
                 self.split(cmd, 1, 1, Gather::Sum).await
             }
         }
+    }
+
+    /// `MULTI`, `EXEC`, `DISCARD`.
+    async fn transaction(&mut self, name: &str) -> PendingReply {
+        match (name, self.tx.take()) {
+            ("MULTI", None) => {
+                self.tx = Some(Transaction::default());
+                ready(b"+OK\r\n")
+            }
+            ("MULTI", Some(tx)) => {
+                self.tx = Some(tx);
+                err(&self.pool, "ERR MULTI calls can not be nested".into())
+            }
+            ("DISCARD", Some(_)) => ready(b"+OK\r\n"),
+            ("EXEC", Some(tx)) => self.exec(tx).await,
+            (_, None) => err(&self.pool, format!("ERR {name} without MULTI")),
+            (_, Some(tx)) => {
+                self.tx = Some(tx);
+                err(&self.pool, format!("ERR {name} inside MULTI is not allowed"))
+            }
+        }
+    }
+
+    /// Queues a command of the transaction: `+QUEUED`, or an error that
+    /// makes `EXEC` discard it all (as Redis does with a command it cannot
+    /// queue): a command that cannot run in a transaction through the
+    /// proxy, or whose keys are on another server than the transaction's.
+    fn queue(&mut self, name: &str, cmd: Command) -> PendingReply {
+        let pool = self.pool.clone();
+        let Some(tx) = self.tx.as_mut() else { return err(&pool, "ERR not in a transaction".into()) };
+        let lower = name.to_ascii_lowercase();
+        let positions: Vec<usize> = match route(name) {
+            Route::Single if cmd.args.len() > 1 => vec![1],
+            Route::Together { .. } | Route::Eval => match key_positions(route(name), &cmd.args) {
+                Some(p) => p,
+                None => {
+                    tx.refused = true;
+                    return err(&pool, arity(name));
+                }
+            },
+            Route::Mget | Route::Sum => (1..cmd.args.len()).collect(),
+            Route::Mset => (1..cmd.args.len()).step_by(2).collect(),
+            // Sent along and answered by the server, as Redis queues them.
+            Route::Proxy if matches!(name, "PING" | "ECHO") => Vec::new(),
+            Route::Single => {
+                tx.refused = true;
+                return err(&pool, arity(name));
+            }
+            _ => {
+                tx.refused = true;
+                return err(&pool, format!("ERR '{lower}' cannot run in a transaction through chash-proxy"));
+            }
+        };
+        let state = pool.state();
+        for p in positions {
+            let Some(s) = state.server_for(&cmd.args[p]) else {
+                tx.refused = true;
+                return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
+            };
+            match &tx.server {
+                Some(first) if !Arc::ptr_eq(first, s) => {
+                    tx.refused = true;
+                    return err(
+                        &pool,
+                        format!(
+                            "ERR '{lower}' uses key '{}', on another server than the transaction's earlier keys; \
+                             the keys of a transaction need a common hash tag such as {{user:1}} (pool hash_tag)",
+                            String::from_utf8_lossy(&cmd.args[p])
+                        ),
+                    );
+                }
+                Some(_) => {}
+                None => tx.server = Some(s.clone()),
+            }
+        }
+        tx.bytes += cmd.args.iter().map(|a| a.len() + 16).sum::<usize>();
+        if tx.commands.len() >= MAX_TRANSACTION || tx.bytes > WHOLE_REPLY_LIMIT {
+            tx.refused = true;
+            return err(&pool, "ERR transaction too large for chash-proxy".into());
+        }
+        tx.commands.push(cmd);
+        ready(b"+QUEUED\r\n")
+    }
+
+    /// Sends a queued transaction to its server as one write and answers
+    /// with `EXEC`'s reply; nothing runs when it was refused.
+    async fn exec(&mut self, tx: Transaction) -> PendingReply {
+        if tx.refused {
+            return err(&self.pool, "EXECABORT Transaction discarded because of previous errors.".into());
+        }
+        if tx.commands.is_empty() {
+            return ready(b"*0\r\n");
+        }
+        let server = match tx.server {
+            Some(s) => s,
+            // Only keyless commands (PING, ECHO): any server answers.
+            None => match self.pool.state().server_for(b"") {
+                Some(s) => s.clone(),
+                None => return ready_owned(forward_error(&self.pool, "ERR no live server in pool".into())),
+            },
+        };
+        let mut data = BytesMut::new();
+        data.extend_from_slice(b"*1\r\n$5\r\nMULTI\r\n");
+        for cmd in &tx.commands {
+            data.extend_from_slice(&cmd.wire());
+        }
+        data.extend_from_slice(b"*1\r\n$4\r\nEXEC\r\n");
+        let n = tx.commands.len() + 2;
+        let pending = server.submit_frames(data.freeze(), WHOLE, n, &self.requester).await;
+        let pool = self.pool.clone();
+        bytes_reply(async move {
+            match server.finish(pending).await {
+                // MULTI's +OK, each command's +QUEUED (or its error, which
+                // makes EXEC's reply -EXECABORT), then EXEC's reply.
+                Ok(Reply::Whole(replies)) => {
+                    let all = frames(&replies);
+                    Some(all.last().cloned().unwrap_or_else(|| error("ERR backend sent an unexpected reply")))
+                }
+                Ok(Reply::Stream(_)) => Some(error("ERR backend sent an unexpected reply")),
+                Err(e) => Some(forward_error(&pool, format!("ERR backend {} {e}", server.id()))),
+            }
+        })
     }
 
     fn proxy_command(&mut self, name: &str, cmd: &Command) -> PendingReply {

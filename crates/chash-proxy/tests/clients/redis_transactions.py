@@ -1,0 +1,40 @@
+"""redis-py's default pipeline (a MULTI/EXEC transaction) through the
+proxy: tagged keys run as one transaction; keys on two servers are
+refused and nothing of the transaction runs (before, the refused MULTI
+left the queued commands to run one by one, so a retry applied them twice).
+Usage: redis_transactions.py HOST:PORT KEY_ON_ONE_SERVER KEY_ON_ANOTHER"""
+
+import sys
+
+import redis
+
+host, port = sys.argv[1].rsplit(":", 1)
+one, other = sys.argv[2], sys.argv[3]
+r = redis.Redis(host=host, port=int(port), protocol=2, socket_timeout=5)
+
+p = r.pipeline()  # transaction=True is redis-py's default
+p.incr("{n}:count")
+p.incr("{n}:count")
+p.set("{n}:name", "x")
+p.get("{n}:name")
+assert p.execute() == [1, 2, True, b"x"], "one transaction on one server"
+assert r.get("{n}:count") == b"2"
+
+p = r.pipeline()
+p.incr(one)
+p.incr(other)
+try:
+    p.execute()
+except redis.exceptions.ResponseError as e:
+    assert "hash tag" in str(e) or "EXECABORT" in str(e), str(e)
+    print("refused:", e)
+else:
+    sys.exit("a transaction over two servers ran")
+assert r.get(one) is None and r.get(other) is None, "nothing of a refused transaction runs"
+
+with r.pipeline() as p:
+    p.multi()
+    p.set("{n}:gone", "1")
+    p.reset()  # DISCARD
+assert r.get("{n}:gone") is None
+print("ok")
