@@ -159,6 +159,7 @@ pub(crate) fn requester(budget: usize) -> Requester {
     Requester {
         affinity: NEXT_CLIENT.fetch_add(1, Relaxed),
         account: ReplyAccount::new(budget.saturating_mul(OVERFLOW_FACTOR)),
+        dialect: 0,
     }
 }
 

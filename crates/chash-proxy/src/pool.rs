@@ -50,9 +50,9 @@ pub struct PoolSettings {
 }
 
 impl PoolSettings {
-    /// The settings a pool's config asks for; `setup` is what its server
-    /// connections run first.
-    pub fn of(pool: &PoolConfig, setup: Option<Setup>) -> PoolSettings {
+    /// The settings a pool's config asks for; `dialects` are what its
+    /// server connections speak, each with what they run first.
+    pub fn of(pool: &PoolConfig, dialects: Vec<Option<Setup>>) -> PoolSettings {
         PoolSettings {
             listen: pool.listen.clone(),
             backend: BackendSettings {
@@ -60,7 +60,7 @@ impl PoolSettings {
                 timeout: pool.timeout,
                 preconnect: pool.preconnect,
                 failure_limit: pool.server_failure_limit,
-                setup,
+                dialects: if dialects.is_empty() { vec![None] } else { dialects },
             },
             auto_eject: pool.auto_eject_hosts,
             retry_timeout: pool.server_retry_timeout,
@@ -278,7 +278,7 @@ impl fmt::Debug for Pool {
 impl Pool {
     /// Starts a pool's servers (their connections on `workers`) and its
     /// health task. `addresses` maps server ids to where they are reached
-    /// when that is not the id itself; `setup` is what every server
+    /// when that is not the id itself; `dialects` are what every server
     /// connection runs first. Must be called inside a tokio runtime.
     ///
     /// # Errors
@@ -287,9 +287,9 @@ impl Pool {
         config: PoolConfig,
         addresses: HashMap<String, Address>,
         workers: Arc<Workers>,
-        setup: Option<Setup>,
+        dialects: Vec<Option<Setup>>,
     ) -> Result<Arc<Pool>, PoolError> {
-        let settings = PoolSettings::of(&config, setup);
+        let settings = PoolSettings::of(&config, dialects);
         // Ejection happens on the failing connection's thread, before the
         // failed requests are answered: their clients' next requests go to
         // the placement without the server.

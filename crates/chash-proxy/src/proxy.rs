@@ -154,8 +154,9 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
     };
     for spec in pools {
         let c = &spec.config;
-        let setup = if c.redis { crate::redis::handshake::setup(c.redis_auth.as_deref(), c.redis_db) } else { None };
-        let pool = Pool::start(spec.config, spec.addresses, workers.clone(), setup).map_err(StartError::Pool)?;
+        let dialects =
+            if c.redis { crate::redis::handshake::dialects(c.redis_auth.as_deref(), c.redis_db) } else { vec![None] };
+        let pool = Pool::start(spec.config, spec.addresses, workers.clone(), dialects).map_err(StartError::Pool)?;
         let listener = bind(&pool.settings.listen, pool.settings.backlog).map_err(|source| StartError::Listen {
             what: format!("pool {:?}", pool.name),
             addr: pool.settings.listen.clone(),

@@ -95,7 +95,7 @@ fn pool(extra: &str, names: &[String], setup: Option<Setup>) -> Arc<Pool> {
         addresses.insert(format!("s{}", i + 1), Address::Memory(name.clone()));
     }
     let config = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap();
-    Pool::start(config, addresses, Workers::current(), setup).unwrap()
+    Pool::start(config, addresses, Workers::current(), vec![setup]).unwrap()
 }
 
 /// Where the library places `key` in `pool`'s config: `s1`, `s2`, ...

@@ -69,3 +69,41 @@ fn redis_py_transactions() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "redis_transactions.py failed:\n{text}");
 }
+
+/// redis-py with its defaults (RESP3, `HELLO 3`) and in RESP2 mode: the
+/// same workload through the proxy (three servers) and straight to one
+/// redis-server gives equal results (maps, sets, doubles, nulls included);
+/// and `redis-cli -3` too.
+#[test]
+fn redis_py_resp3_and_resp2_match_redis() {
+    let redis = [support::Redis::start(None), support::Redis::start(None), support::Redis::start(None)];
+    let direct = support::Redis::start(None);
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:{}\n  redis: true\n  servers:\n", support::free_port());
+    for r in &redis {
+        yml.push_str(&format!("   - {}:1\n", r.id()));
+    }
+    let proxy = Proxy::start(&yml);
+    let python = require("python3", "python3");
+    let path = format!("{}/tests/clients/redis_resp3.py", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(python).args([&path, &proxy.addr.to_string(), &direct.id()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "redis_resp3.py failed:\n{text}");
+    let cli = require("redis-cli", "redis-tools");
+    let run = |port: u16, args: &[&str]| {
+        let out =
+            Command::new(&cli).args(["-3", "-h", "127.0.0.1", "-p", &port.to_string()]).args(args).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for port in [proxy.addr.port(), direct.port] {
+        run(port, &["HSET", "cli:h", "a", "1", "b", "2"]);
+        run(port, &["ZADD", "cli:z", "1.5", "m"]);
+    }
+    for args in [&["HGETALL", "cli:h"][..], &["ZSCORE", "cli:z", "m"], &["GET", "cli:none"], &["HELLO", "3"]] {
+        let (via, straight) = (run(proxy.addr.port(), args), run(direct.port, args));
+        if args[0] == "HELLO" {
+            assert!(via.contains("proto") && via.contains("3"), "{via}");
+        } else {
+            assert_eq!(via, straight, "redis-cli -3 {args:?}");
+        }
+    }
+}

@@ -47,6 +47,10 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 pub(super) struct Slot {
     pub address: Address,
     pub settings: BackendSettings,
+    /// The set-up of this slot's dialect.
+    pub setup: Option<Setup>,
+    /// Whether it connects at start.
+    pub preconnect: bool,
     pub health: Arc<Health>,
     pub counters: Arc<PerWorker<ServerCounters>>,
     pub latency: Arc<PerWorker<Histogram>>,
@@ -147,7 +151,7 @@ async fn open_while_waiting(
     rx: &mut mpsc::Receiver<Job>,
     waiting: &mut VecDeque<Job>,
 ) -> Option<Result<(BoxRead, BoxWrite), String>> {
-    let opening = open(&slot.address, slot.settings.timeout, slot.settings.setup.as_ref());
+    let opening = open(&slot.address, slot.settings.timeout, slot.setup.as_ref());
     tokio::pin!(opening);
     loop {
         let front = waiting.front().and_then(|j| j.deadline);
@@ -203,7 +207,7 @@ impl Ended {
 /// Runs a connection slot until its server is dropped (its queue closes).
 pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
     let mut waiting: VecDeque<Job> = VecDeque::new();
-    let mut eager = slot.settings.preconnect;
+    let mut eager = slot.preconnect;
     loop {
         if !eager && waiting.is_empty() {
             match rx.recv().await {

@@ -47,8 +47,8 @@ pub struct Pending {
 pub struct Server {
     line: ServerLine,
     address: Address,
-    /// Request queues by worker: `queues[worker][connection]`.
-    queues: Vec<Vec<mpsc::Sender<Job>>>,
+    /// Request queues by dialect and worker: `queues[dialect][worker][connection]`.
+    queues: Vec<Vec<Vec<mpsc::Sender<Job>>>>,
     health: Arc<Health>,
     timeout: Option<Duration>,
     counters: Arc<PerWorker<ServerCounters>>,
@@ -79,21 +79,29 @@ impl Server {
         let counters = Arc::new(PerWorker::new(workers.count()));
         let latency = Arc::new(PerWorker::new(workers.count()));
         let mut queues = Vec::new();
-        for worker in 0..workers.count() {
-            let mut txs = Vec::new();
-            for _ in 0..settings.connections.max(1) {
-                let (tx, rx) = mpsc::channel(connection::QUEUE);
-                txs.push(tx);
-                let slot = connection::Slot {
-                    address: address.clone(),
-                    settings: settings.clone(),
-                    health: health.clone(),
-                    counters: counters.clone(),
-                    latency: latency.clone(),
-                };
-                workers.spawn_on(worker, connection::run_slot(slot, rx));
+        for (dialect, setup) in settings.dialects.iter().enumerate() {
+            let mut by_worker = Vec::new();
+            for worker in 0..workers.count() {
+                let mut txs = Vec::new();
+                for _ in 0..settings.connections.max(1) {
+                    let (tx, rx) = mpsc::channel(connection::QUEUE);
+                    txs.push(tx);
+                    let slot = connection::Slot {
+                        address: address.clone(),
+                        settings: settings.clone(),
+                        setup: setup.clone(),
+                        // Only the first dialect's connections are made at
+                        // start; the others when a client speaks them.
+                        preconnect: settings.preconnect && dialect == 0,
+                        health: health.clone(),
+                        counters: counters.clone(),
+                        latency: latency.clone(),
+                    };
+                    workers.spawn_on(worker, connection::run_slot(slot, rx));
+                }
+                by_worker.push(txs);
             }
-            queues.push(txs);
+            queues.push(by_worker);
         }
         Arc::new(Server {
             line,
@@ -187,7 +195,8 @@ impl Server {
         c.in_queue.fetch_add(1, Relaxed);
         c.in_queue_bytes.fetch_add(len, Relaxed);
         let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
-        let queues = &self.queues[crate::workers::current_index() % self.queues.len()];
+        let by_worker = &self.queues[requester.dialect.min(self.queues.len() - 1)];
+        let queues = &by_worker[crate::workers::current_index() % by_worker.len()];
         let account = requester.account.clone();
         let job = Job { data, framing, frames: frames.max(1), reply: tx, account: account.clone(), deadline };
         if let Err(mpsc::error::SendError(job)) = queues[requester.affinity % queues.len()].send(job).await {

@@ -97,8 +97,10 @@ pub struct BackendSettings {
     pub preconnect: bool,
     /// Consecutive failures that make a server a candidate for ejection.
     pub failure_limit: u32,
-    /// Commands every new connection runs first.
-    pub setup: Option<Setup>,
+    /// The dialects a server's connections speak (Redis: RESP2, then
+    /// RESP3), each with the commands its connections run first; a request
+    /// names its dialect ([`Requester::dialect`]). At least one.
+    pub dialects: Vec<Option<Setup>>,
 }
 
 /// A client connection's account of reply bytes that have arrived from
@@ -180,6 +182,10 @@ pub struct Requester {
     pub affinity: usize,
     /// Its account of reply bytes.
     pub account: Arc<ReplyAccount>,
+    /// The dialect its requests are in (an index into
+    /// [`BackendSettings::dialects`]; 0 but for a Redis client that said
+    /// `HELLO 3`).
+    pub dialect: usize,
 }
 
 /// Where a request's reply is sent.

@@ -306,7 +306,7 @@ fn route_of(name: &str) -> Route {
             Route::Together { first: 2, step: 1, count_at: Some(1), dest: false }
         }
         "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" => Route::Eval,
-        "PING" | "ECHO" | "QUIT" | "COMMAND" | "INFO" | "SELECT" | "HELLO" | "AUTH" => Route::Proxy,
+        "PING" | "ECHO" | "QUIT" | "COMMAND" | "INFO" | "SELECT" | "HELLO" | "AUTH" | "CLIENT" => Route::Proxy,
         "MULTI" | "EXEC" | "DISCARD" => Route::Transaction,
         "WATCH" | "UNWATCH" => Route::Refused(
             "WATCH needs a connection of its own to the key's server, which chash-proxy does not give yet; \
@@ -322,8 +322,8 @@ fn route_of(name: &str) -> Route {
         "SCRIPT" | "FUNCTION" | "FCALL" | "FCALL_RO" => Route::Refused("scripts without keys cannot be routed"),
         "MOVE" | "SWAPDB" | "MIGRATE" => Route::Refused("it changes databases or servers behind the proxy"),
         "CONFIG" | "DEBUG" | "SHUTDOWN" | "SAVE" | "BGSAVE" | "BGREWRITEAOF" | "LASTSAVE" | "REPLICAOF" | "SLAVEOF"
-        | "MONITOR" | "CLIENT" | "SLOWLOG" | "LATENCY" | "MEMORY" | "OBJECT" | "ACL" | "ROLE" | "TIME" | "SYNC"
-        | "PSYNC" | "FAILOVER" | "RESET" | "LOLWUT" => Route::Refused("it addresses one server, not a key"),
+        | "MONITOR" | "SLOWLOG" | "LATENCY" | "MEMORY" | "OBJECT" | "ACL" | "ROLE" | "TIME" | "SYNC" | "PSYNC"
+        | "FAILOVER" | "RESET" | "LOLWUT" => Route::Refused("it addresses one server, not a key"),
         _ => Route::Refused("chash-proxy does not know how to route it"),
     }
 }

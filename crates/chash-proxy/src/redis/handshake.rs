@@ -6,16 +6,26 @@ use bytes::BytesMut;
 use super::resp::{encode_array, WHOLE};
 use crate::backend::Setup;
 
+/// The dialects of a Redis pool's server connections: RESP2 (for clients
+/// that speak it, the default) and RESP3 (for clients that said `HELLO 3`),
+/// each with its set-up.
+pub(crate) fn dialects(auth: Option<&str>, db: u32) -> Vec<Option<Setup>> {
+    vec![setup(auth, db, false), setup(auth, db, true)]
+}
+
 /// The set-up for a pool's server connections (`None`: nothing to send).
-pub(crate) fn setup(auth: Option<&str>, db: u32) -> Option<Setup> {
+pub(crate) fn setup(auth: Option<&str>, db: u32, resp3: bool) -> Option<Setup> {
     let mut requests = Vec::new();
     let mut frame = |args: &[&[u8]]| {
         let mut out = BytesMut::new();
         encode_array(&mut out, args.iter().copied());
         requests.push(out.freeze());
     };
-    if let Some(pw) = auth {
-        frame(&[b"AUTH", pw.as_bytes()]);
+    match (auth, resp3) {
+        (Some(pw), true) => frame(&[b"HELLO", b"3", b"AUTH", b"default", pw.as_bytes()]),
+        (None, true) => frame(&[b"HELLO", b"3"]),
+        (Some(pw), false) => frame(&[b"AUTH", pw.as_bytes()]),
+        (None, false) => {}
     }
     if db > 0 {
         frame(&[b"SELECT", db.to_string().as_bytes()]);
@@ -23,9 +33,10 @@ pub(crate) fn setup(auth: Option<&str>, db: u32) -> Option<Setup> {
     (!requests.is_empty()).then_some(Setup { requests, framing: WHOLE, check })
 }
 
-/// Each set-up command must be answered with a status (`+OK`).
+/// Each set-up command must be answered with a status (`+OK`), or a map
+/// (`HELLO 3`'s).
 fn check(reply: &[u8]) -> Result<(), String> {
-    if reply.starts_with(b"+") {
+    if reply.starts_with(b"+") || reply.starts_with(b"%") {
         Ok(())
     } else {
         Err(format!("server refused the connection set-up: {}", String::from_utf8_lossy(reply).trim_end()))
@@ -38,8 +49,9 @@ mod tests {
 
     #[test]
     fn auth_then_select() {
-        assert!(setup(None, 0).is_none());
-        let s = setup(Some("pw"), 3).unwrap();
+        assert!(setup(None, 0, false).is_none());
+        assert_eq!(&setup(None, 0, true).unwrap().requests[0][..], b"*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n");
+        let s = setup(Some("pw"), 3, false).unwrap();
         assert_eq!(&s.requests[0][..], b"*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n");
         assert_eq!(&s.requests[1][..], b"*2\r\n$6\r\nSELECT\r\n$1\r\n3\r\n");
         assert!(check(b"+OK\r\n").is_ok());

@@ -1,4 +1,4 @@
-//! Redis pools: RESP2 framing ([`resp`]), how each command is routed
+//! Redis pools: RESP2 and RESP3 framing ([`resp`]), how each command is routed
 //! ([`command`]), a client connection's session (`session`) and the
 //! server connections' set-up (`handshake`).
 //!
@@ -8,10 +8,11 @@
 //! run when all their keys are on one server (hash tags make that so) and
 //! are refused otherwise. `MULTI` ... `EXEC` transactions are queued by the
 //! session and sent whole to the one server their keys are on. `PING`,
-//! `ECHO`, `QUIT`, `COMMAND`, `INFO`,
-//! `SELECT` (of the pool's `redis_db`), `HELLO 2` and `AUTH` are answered by
-//! the proxy. Everything that cannot be routed by key is refused with an
-//! error naming the command and the reason.
+//! `ECHO`, `QUIT`, `COMMAND`, `INFO`, `SELECT` (of the pool's `redis_db`),
+//! `HELLO`, `AUTH` and `CLIENT` (about the client's own connection) are
+//! answered by the proxy; after `HELLO 3` a client's requests go on the
+//! servers' RESP3 connections. Everything that cannot be routed by key is
+//! refused with an error naming the command and the reason.
 
 pub(crate) mod command;
 pub(crate) mod handshake;

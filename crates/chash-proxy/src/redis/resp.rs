@@ -327,9 +327,10 @@ fn frame_end(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, Stri
         return Ok(None);
     }
     let Some(end) = line_end(buf, pos + 1) else { return Ok(None) };
-    match buf[pos] {
-        b'+' | b'-' | b':' => Ok(Some(end + 2)),
-        b'$' => {
+    let kind = buf[pos];
+    match Shape::of(kind)? {
+        Shape::Line => Ok(Some(end + 2)),
+        Shape::Blob => {
             let len = int(&buf[pos + 1..end]).ok_or("bad bulk length")?;
             if len < 0 {
                 return Ok(Some(end + 2));
@@ -337,10 +338,10 @@ fn frame_end(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, Stri
             let stop = end + 2 + len as usize + 2;
             Ok((buf.len() >= stop).then_some(stop))
         }
-        b'*' => {
-            let n = int(&buf[pos + 1..end]).ok_or("bad array length")?;
+        Shape::Aggregate { per_item, then_one } => {
+            let n = int(&buf[pos + 1..end]).ok_or("bad aggregate length")?;
             let mut p = end + 2;
-            for _ in 0..n.max(0) {
+            for _ in 0..n.max(0) * per_item + i64::from(then_one) {
                 match frame_end(buf, p, depth + 1)? {
                     Some(e) => p = e,
                     None => return Ok(None),
@@ -348,7 +349,31 @@ fn frame_end(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, Stri
             }
             Ok(Some(p))
         }
-        other => Err(format!("unexpected reply type byte {other:#04x}")),
+    }
+}
+
+/// How a reply frame of each type byte is laid out (RESP2 and RESP3).
+enum Shape {
+    /// Up to the line's end: `+` `-` `:` and RESP3's `_` `#` `,` `(`.
+    Line,
+    /// A length, then that many bytes: `$`, and RESP3's `!` `=`.
+    Blob,
+    /// A count of elements, `per_item` frames each: `*`, RESP3's `~` `>`
+    /// (one) and `%` (two); `|` (attributes: two each) prefixes one more
+    /// frame, the value they describe.
+    Aggregate { per_item: i64, then_one: bool },
+}
+
+impl Shape {
+    fn of(kind: u8) -> Result<Shape, String> {
+        Ok(match kind {
+            b'+' | b'-' | b':' | b'_' | b'#' | b',' | b'(' => Shape::Line,
+            b'$' | b'!' | b'=' => Shape::Blob,
+            b'*' | b'~' | b'>' => Shape::Aggregate { per_item: 1, then_one: false },
+            b'%' => Shape::Aggregate { per_item: 2, then_one: false },
+            b'|' => Shape::Aggregate { per_item: 2, then_one: true },
+            other => return Err(format!("unexpected reply type byte {other:#04x}")),
+        })
     }
 }
 
@@ -410,26 +435,27 @@ impl FrameScanner {
             let header = &buf[pos + 1..end];
             let kind = buf[pos];
             pos = end + 2;
-            let finished = match kind {
-                b'+' | b'-' | b':' => true,
-                b'$' => match int(header).ok_or("bad bulk length")? {
+            let finished = match Shape::of(kind)? {
+                Shape::Line => true,
+                Shape::Blob => match int(header).ok_or("bad bulk length")? {
                     len if len < 0 => true,
                     len => {
                         self.bulk_left = usize::try_from(len).map_err(|_| "bad bulk length")?.saturating_add(2);
                         false
                     }
                 },
-                b'*' => match int(header).ok_or("bad array length")? {
-                    n if n <= 0 => true,
-                    n => {
-                        if self.open.len() >= 64 {
-                            return Err("reply nested too deeply".into());
+                Shape::Aggregate { per_item, then_one } => {
+                    match int(header).ok_or("bad aggregate length")?.max(0) * per_item + i64::from(then_one) {
+                        0 => true,
+                        n => {
+                            if self.open.len() >= 64 {
+                                return Err("reply nested too deeply".into());
+                            }
+                            self.open.push(n);
+                            false
                         }
-                        self.open.push(n);
-                        false
                     }
-                },
-                other => return Err(format!("unexpected reply type byte {other:#04x}")),
+                }
             };
             if finished && self.element_done() {
                 return Ok((pos, true));
@@ -513,7 +539,12 @@ mod tests {
     /// any split of the bytes.
     #[test]
     fn scanner_agrees_with_the_parser_at_every_split() {
-        let frames: [&[u8]; 7] = [
+        let frames: [&[u8]; 12] = [
+            b"%2\r\n+a\r\n:1\r\n$1\r\nb\r\n~2\r\n,1.5\r\n#t\r\n",
+            b"_\r\n",
+            b"|1\r\n+ttl\r\n:3\r\n*2\r\n(12345678901234567890\r\n=7\r\ntxt:abc\r\n",
+            b"*2\r\n|1\r\n+k\r\n+v\r\n:1\r\n!3\r\nerr\r\n",
+            b">2\r\n+message\r\n$1\r\nm\r\n",
             b"+OK\r\n",
             b"$5\r\nhello\r\n",
             b"$-1\r\n",

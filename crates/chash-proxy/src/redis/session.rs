@@ -28,6 +28,9 @@ pub(crate) struct RedisSession {
     skip: Option<Skip>,
     /// A transaction being queued (between `MULTI` and `EXEC`).
     tx: Option<Transaction>,
+    /// `CLIENT SETNAME` and `CLIENT SETINFO` of this connection.
+    name: Option<Bytes>,
+    lib: [Option<Bytes>; 2],
 }
 
 /// A transaction's commands, queued by the proxy until `EXEC`, then sent
@@ -50,7 +53,7 @@ impl RedisSession {
     pub(crate) fn new(pool: Arc<Pool>, shared: Arc<Shared>, requester: Requester) -> RedisSession {
         let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value(true).max(512) };
         let authed = pool.settings.redis_auth.is_none();
-        RedisSession { pool, shared, requester, limits, authed, skip: None, tx: None }
+        RedisSession { pool, shared, requester, limits, authed, skip: None, tx: None, name: None, lib: [None, None] }
     }
 }
 
@@ -329,11 +332,17 @@ impl RedisSession {
                 }
             }
             "AUTH" if args.len() == 2 || args.len() == 3 => self.auth(&args[args.len() - 1]),
+            "CLIENT" => self.client_command(cmd),
             "HELLO" => {
                 let mut i = 1;
+                let mut resp3 = self.requester.dialect == 1;
                 if let Some(v) = args.get(1) {
-                    if &v[..] != b"2" {
-                        return err(pool, "NOPROTO this proxy speaks RESP2 only (HELLO 2)".into());
+                    match &v[..] {
+                        b"2" => resp3 = false,
+                        b"3" => resp3 = true,
+                        _ => {
+                            return err(pool, "NOPROTO unsupported protocol version (this proxy speaks 2 and 3)".into())
+                        }
                     }
                     i = 2;
                 }
@@ -346,27 +355,86 @@ impl RedisSession {
                             }
                             i += 3;
                         }
-                        "SETNAME" if i + 1 < args.len() => i += 2,
+                        "SETNAME" if i + 1 < args.len() => {
+                            self.name = Some(args[i + 1].clone());
+                            i += 2;
+                        }
                         _ => return err(&self.pool, "ERR syntax error in HELLO".into()),
                     }
                 }
                 if !self.authed {
                     return err(&self.pool, "NOAUTH HELLO must be called with the client's password".into());
                 }
-                // A flat RESP2 array of field, value pairs; proto is an integer, as Redis sends it.
-                let mut frame = BytesMut::new();
-                frame.extend_from_slice(b"*10\r\n");
-                for part in [&b"server"[..], b"chash-proxy", b"version", env!("CARGO_PKG_VERSION").as_bytes(), b"proto"]
-                {
-                    frame.extend_from_slice(&bulk(part));
-                }
-                frame.extend_from_slice(b":2\r\n");
-                for part in [&b"mode"[..], b"proxy", b"role", b"master"] {
-                    frame.extend_from_slice(&bulk(part));
-                }
-                ready_owned(frame.freeze())
+                // RESP3 from here on: this client's requests go on server
+                // connections that speak it, so replies come as RESP3.
+                self.requester.dialect = usize::from(resp3);
+                ready_owned(hello_reply(resp3, self.requester.affinity))
             }
             _ => err(pool, arity(name)),
+        }
+    }
+
+    /// `CLIENT` about this client's own connection to the proxy (each of
+    /// its commands may go to another server connection, so the servers'
+    /// `CLIENT` would describe someone else's).
+    fn client_command(&mut self, cmd: &Command) -> PendingReply {
+        let args = &cmd.args;
+        let sub = args.get(1).map(|a| String::from_utf8_lossy(a).to_ascii_uppercase()).unwrap_or_default();
+        match (sub.as_str(), args.len()) {
+            ("SETNAME", 3) => {
+                if args[2].iter().any(|&b| b <= b' ' || b == 0x7f) {
+                    return err(
+                        &self.pool,
+                        "ERR Client names cannot contain spaces, newlines or special characters.".into(),
+                    );
+                }
+                self.name = (!args[2].is_empty()).then(|| args[2].clone());
+                ready(b"+OK\r\n")
+            }
+            ("GETNAME", 2) => match &self.name {
+                Some(n) => ready_owned(bulk(n)),
+                None => ready(self.null()),
+            },
+            ("ID", 2) => ready_owned(Bytes::from(format!(":{}\r\n", self.requester.affinity))),
+            ("SETINFO", 4) => {
+                let at = match String::from_utf8_lossy(&args[2]).to_ascii_uppercase().as_str() {
+                    "LIB-NAME" => 0,
+                    "LIB-VER" => 1,
+                    _ => return err(&self.pool, "ERR Unrecognized option for CLIENT SETINFO".into()),
+                };
+                self.lib[at] = Some(args[3].clone());
+                ready(b"+OK\r\n")
+            }
+            ("INFO", 2) => {
+                let text =
+                    |v: &Option<Bytes>| v.as_ref().map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+                let line = format!(
+                    "id={} name={} db={} lib-name={} lib-ver={}\n",
+                    self.requester.affinity,
+                    text(&self.name),
+                    self.pool.settings.redis_db,
+                    text(&self.lib[0]),
+                    text(&self.lib[1])
+                );
+                ready_owned(bulk(line.as_bytes()))
+            }
+            _ => err(
+                &self.pool,
+                format!(
+                    "ERR 'client {}' is not supported by chash-proxy: it answers SETNAME, GETNAME, SETINFO, ID and \
+                     INFO for the client's own connection",
+                    sub.to_ascii_lowercase()
+                ),
+            ),
+        }
+    }
+
+    /// A null reply in the client's protocol.
+    fn null(&self) -> &'static [u8] {
+        if self.requester.dialect == 1 {
+            b"_\r\n"
+        } else {
+            b"$-1\r\n"
         }
     }
 
@@ -455,6 +523,7 @@ impl RedisSession {
             waits.push((server, pending, slots));
         }
         let pool = pool.clone();
+        let null = self.null();
         bytes_reply(async move {
             let mut items: Vec<Option<Bytes>> = vec![None; total];
             let mut sum = 0i64;
@@ -496,7 +565,7 @@ impl RedisSession {
                     let mut out = BytesMut::new();
                     out.extend_from_slice(format!("*{total}\r\n").as_bytes());
                     for item in items {
-                        out.extend_from_slice(item.as_deref().unwrap_or(b"$-1\r\n"));
+                        out.extend_from_slice(item.as_deref().unwrap_or(null));
                     }
                     out.freeze()
                 }
@@ -505,6 +574,29 @@ impl RedisSession {
             })
         })
     }
+}
+
+/// `HELLO`'s reply: the proxy's fields as Redis lists its own, a RESP3 map
+/// or a RESP2 array of field, value pairs.
+fn hello_reply(resp3: bool, id: usize) -> Bytes {
+    let mut frame = BytesMut::new();
+    frame.extend_from_slice(if resp3 { b"%7\r\n" } else { b"*14\r\n" });
+    let field = |frame: &mut BytesMut, name: &[u8]| frame.extend_from_slice(&bulk(name));
+    field(&mut frame, b"server");
+    field(&mut frame, b"chash-proxy");
+    field(&mut frame, b"version");
+    field(&mut frame, env!("CARGO_PKG_VERSION").as_bytes());
+    field(&mut frame, b"proto");
+    frame.extend_from_slice(if resp3 { b":3\r\n" } else { b":2\r\n" });
+    field(&mut frame, b"id");
+    frame.extend_from_slice(format!(":{id}\r\n").as_bytes());
+    field(&mut frame, b"mode");
+    field(&mut frame, b"proxy");
+    field(&mut frame, b"role");
+    field(&mut frame, b"master");
+    field(&mut frame, b"modules");
+    frame.extend_from_slice(b"*0\r\n");
+    frame.freeze()
 }
 
 /// How split replies come back together.

@@ -1,4 +1,4 @@
-"""redis-py's default pipeline (a MULTI/EXEC transaction) through the
+"""redis-py with a client name, and its default pipeline (a MULTI/EXEC transaction) through the
 proxy: tagged keys run as one transaction; keys on two servers are
 refused and nothing of the transaction runs (before, the refused MULTI
 left the queued commands to run one by one, so a retry applied them twice).
@@ -11,6 +11,12 @@ import redis
 host, port = sys.argv[1].rsplit(":", 1)
 one, other = sys.argv[2], sys.argv[3]
 r = redis.Redis(host=host, port=int(port), protocol=2, socket_timeout=5)
+
+# A client name set on connect (CLIENT SETNAME), answered for this connection.
+named = redis.Redis(host=host, port=int(port), protocol=2, client_name="web-1")
+assert named.client_getname() == "web-1"
+assert isinstance(named.client_id(), int)
+assert named.ping()
 
 p = r.pipeline()  # transaction=True is redis-py's default
 p.incr("{n}:count")
