@@ -7,11 +7,11 @@ use std::process::Command;
 
 use support::{memcacheds, require, Memcached, Proxy};
 
-/// Runs a script of `tests/clients/` against `addr`; its output on failure.
-fn run_script(script: &str, addr: std::net::SocketAddr) {
+/// Runs a script of `tests/clients/` with `args`; its output on failure.
+fn run_script(script: &str, args: &[&str]) {
     let python = require("python3", "python3");
     let path = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(python).arg(&path).arg(addr.to_string()).output().unwrap();
+    let out = Command::new(python).arg(&path).args(args).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{script} failed:\n{text}");
 }
@@ -24,7 +24,7 @@ fn long_multi_gets_from_python_clients() {
     let mc = memcacheds(3);
     let refs: Vec<&Memcached> = mc.iter().collect();
     let proxy = Proxy::start(&support::config("  hash: md5\n", &refs));
-    run_script("memcache_get_many.py", proxy.addr);
+    run_script("memcache_get_many.py", &[&proxy.addr.to_string()]);
 }
 
 /// A Redis value over `--max-value-size` gets an error redis-py can read,
@@ -42,7 +42,7 @@ fn redis_py_is_told_the_value_limit() {
     let mut options = chash_proxy::ProxyOptions::default();
     options.max_value_size = Some(1 << 20);
     let proxy = Proxy::start_with(&yml, options, None);
-    run_script("redis_too_large.py", proxy.addr);
+    run_script("redis_too_large.py", &[&proxy.addr.to_string()]);
 }
 
 /// redis-py's default pipeline is a MULTI/EXEC transaction: it runs when
@@ -63,11 +63,7 @@ fn redis_py_transactions() {
     let owner = |k: &str| routes.route(k.as_bytes()).unwrap().to_owned();
     let one = "tx:0".to_owned();
     let other = (1..).map(|i| format!("tx:{i}")).find(|k| owner(k) != owner(&one)).unwrap();
-    let python = require("python3", "python3");
-    let path = format!("{}/tests/clients/redis_transactions.py", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(python).args([&path, &proxy.addr.to_string(), &one, &other]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "redis_transactions.py failed:\n{text}");
+    run_script("redis_transactions.py", &[&proxy.addr.to_string(), &one, &other]);
 }
 
 /// redis-py with its defaults (RESP3, `HELLO 3`) and in RESP2 mode: the
@@ -83,11 +79,7 @@ fn redis_py_resp3_and_resp2_match_redis() {
         yml.push_str(&format!("   - {}:1\n", r.id()));
     }
     let proxy = Proxy::start(&yml);
-    let python = require("python3", "python3");
-    let path = format!("{}/tests/clients/redis_resp3.py", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(python).args([&path, &proxy.addr.to_string(), &direct.id()]).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "redis_resp3.py failed:\n{text}");
+    run_script("redis_resp3.py", &[&proxy.addr.to_string(), &direct.id()]);
     let cli = require("redis-cli", "redis-tools");
     let run = |port: u16, args: &[&str]| {
         let out =
