@@ -51,6 +51,9 @@ pub(super) struct Slot {
     pub setup: Option<Setup>,
     /// Whether it connects at start.
     pub preconnect: bool,
+    /// One connection only (pinned): once it ends, or cannot be made,
+    /// every request fails and the task ends when its queue closes.
+    pub once: bool,
     pub health: Arc<Health>,
     pub counters: Arc<PerWorker<ServerCounters>>,
     pub latency: Arc<PerWorker<Histogram>>,
@@ -230,6 +233,9 @@ pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
                 ended.count(c);
                 tracing::debug!(address = %slot.address, "server connection closed: {}", ended.why());
                 slot.health.failed(&ended.why());
+                if slot.once {
+                    return refuse_all(&slot, rx, BackendError::Closed(ended.why())).await;
+                }
             }
             Err(why) => {
                 c.server_err.fetch_add(1, Relaxed);
@@ -244,6 +250,9 @@ pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
                 let err = BackendError::Connect(why);
                 for job in waiting.drain(..) {
                     fail(c, job, &err);
+                }
+                if slot.once {
+                    return refuse_all(&slot, rx, err).await;
                 }
                 while let Ok(job) = rx.try_recv() {
                     fail(c, job, &err);
@@ -261,6 +270,15 @@ pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
                 }
             }
         }
+    }
+}
+
+/// A pinned slot whose connection is gone: every request gets `err` until
+/// the queue closes.
+async fn refuse_all(slot: &Slot, mut rx: mpsc::Receiver<Job>, err: BackendError) {
+    rx.close();
+    while let Some(job) = rx.recv().await {
+        fail(slot.counters.local(), job, &err);
     }
 }
 

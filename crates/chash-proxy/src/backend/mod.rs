@@ -24,6 +24,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::Mutex;
+
 use bytes::Bytes;
 use chash::ServerLine;
 use tokio::sync::{mpsc, oneshot};
@@ -53,8 +55,26 @@ pub struct Server {
     timeout: Option<Duration>,
     counters: Arc<PerWorker<ServerCounters>>,
     latency: Arc<PerWorker<Histogram>>,
+    /// What its connections are made with (for pinned ones).
+    settings: BackendSettings,
+    /// Idle pinned connections, clean (nothing watched), by dialect.
+    idle: Mutex<Vec<Vec<mpsc::Sender<Job>>>>,
     /// Counters of events that are not per request.
     pub events: ServerEvents,
+}
+
+/// Idle pinned connections a server keeps per dialect for the next client
+/// that needs one; more are closed when released.
+const IDLE_PINNED: usize = 16;
+
+/// A server connection of one client's own (Redis `WATCH` ... `EXEC`):
+/// nothing of another client's goes on it, and it never reconnects behind
+/// its client's back: once the connection ends (or cannot be made) every
+/// request on it fails, so state the server keeps per connection (watched
+/// keys) is never silently lost. Dropping it closes the connection.
+pub struct Pinned {
+    tx: mpsc::Sender<Job>,
+    dialect: usize,
 }
 
 impl fmt::Debug for Server {
@@ -79,6 +99,7 @@ impl Server {
         let counters = Arc::new(PerWorker::new(workers.count()));
         let latency = Arc::new(PerWorker::new(workers.count()));
         let mut queues = Vec::new();
+        let idle = Mutex::new(vec![Vec::new(); settings.dialects.len()]);
         for (dialect, setup) in settings.dialects.iter().enumerate() {
             let mut by_worker = Vec::new();
             for worker in 0..workers.count() {
@@ -93,6 +114,7 @@ impl Server {
                         // Only the first dialect's connections are made at
                         // start; the others when a client speaks them.
                         preconnect: settings.preconnect && dialect == 0,
+                        once: false,
                         health: health.clone(),
                         counters: counters.clone(),
                         latency: latency.clone(),
@@ -111,6 +133,8 @@ impl Server {
             timeout: settings.timeout,
             counters,
             latency,
+            settings: settings.clone(),
+            idle,
             events: ServerEvents::default(),
         })
     }
@@ -187,6 +211,20 @@ impl Server {
         frames: usize,
         requester: &Requester,
     ) -> Pending {
+        let by_worker = &self.queues[requester.dialect.min(self.queues.len() - 1)];
+        let queues = &by_worker[crate::workers::current_index() % by_worker.len()];
+        self.enqueue(&queues[requester.affinity % queues.len()], data, framing, frames, requester).await
+    }
+
+    /// Queues a request on one connection's queue.
+    async fn enqueue(
+        &self,
+        queue: &mpsc::Sender<Job>,
+        data: Bytes,
+        framing: &'static dyn Framing,
+        frames: usize,
+        requester: &Requester,
+    ) -> Pending {
         let (tx, rx) = oneshot::channel();
         let c = self.counters();
         let len = data.len() as u64;
@@ -195,14 +233,64 @@ impl Server {
         c.in_queue.fetch_add(1, Relaxed);
         c.in_queue_bytes.fetch_add(len, Relaxed);
         let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
-        let by_worker = &self.queues[requester.dialect.min(self.queues.len() - 1)];
-        let queues = &by_worker[crate::workers::current_index() % by_worker.len()];
         let account = requester.account.clone();
         let job = Job { data, framing, frames: frames.max(1), reply: tx, account: account.clone(), deadline };
-        if let Err(mpsc::error::SendError(job)) = queues[requester.affinity % queues.len()].send(job).await {
+        if let Err(mpsc::error::SendError(job)) = queue.send(job).await {
             connection::fail(c, job, &BackendError::Gone);
         }
         Pending { rx, account }
+    }
+
+    /// A connection of the requester's own, in its dialect: an idle one
+    /// released by another client, or a new one (connecting now).
+    pub fn pin(&self, requester: &Requester) -> Pinned {
+        let dialect = requester.dialect.min(self.settings.dialects.len() - 1);
+        if let Ok(mut idle) = self.idle.lock() {
+            while let Some(tx) = idle[dialect].pop() {
+                if !tx.is_closed() {
+                    return Pinned { tx, dialect };
+                }
+            }
+        }
+        let (tx, rx) = mpsc::channel(connection::QUEUE);
+        let slot = connection::Slot {
+            address: self.address.clone(),
+            settings: self.settings.clone(),
+            setup: self.settings.dialects[dialect].clone(),
+            preconnect: true,
+            once: true,
+            health: self.health.clone(),
+            counters: self.counters.clone(),
+            latency: self.latency.clone(),
+        };
+        tokio::spawn(connection::run_slot(slot, rx));
+        Pinned { tx, dialect }
+    }
+
+    /// Gives back a pinned connection whose server-side state is clean
+    /// (after `EXEC`): kept for the next client, or closed.
+    pub fn release(&self, pinned: Pinned) {
+        if pinned.tx.is_closed() {
+            return;
+        }
+        if let Ok(mut idle) = self.idle.lock() {
+            let list = &mut idle[pinned.dialect];
+            if list.len() < IDLE_PINNED {
+                list.push(pinned.tx);
+            }
+        }
+    }
+
+    /// As [`Server::submit_frames`], on a pinned connection.
+    pub async fn submit_pinned(
+        &self,
+        pinned: &Pinned,
+        data: Bytes,
+        framing: &'static dyn Framing,
+        frames: usize,
+        requester: &Requester,
+    ) -> Pending {
+        self.enqueue(&pinned.tx, data, framing, frames, requester).await
     }
 
     /// Waits for a submitted request's reply and records the outcome.

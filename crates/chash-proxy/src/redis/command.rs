@@ -1,388 +1,274 @@
-//! How each Redis command is routed.
+//! How each Redis command is routed: the proxy's policy over Redis's own
+//! key specs (`commands`, generated from a real redis-server): a command
+//! goes where its keys are, as Redis itself locates them.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::OnceLock;
+
+use bytes::Bytes;
+
+use super::commands::COMMANDS;
+use super::keyspec::Spec;
+
+/// How split replies come back together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Gather {
+    /// Array items in the client's key order (MGET).
+    InOrder,
+    /// `+OK` when every part is (MSET).
+    AllOk,
+    /// Integers added up (DEL, EXISTS, ...).
+    Sum,
+}
 
 /// What the proxy does with a command.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Route {
-    /// One key, at argument 1.
-    Single,
-    /// Keys from argument `first`, every `step`-th, up to the end (or
-    /// `count` keys when the count is at argument `count_at`); all must be
-    /// on one server.
-    Together {
-        /// First key's argument index.
-        first: usize,
-        /// Distance between keys.
-        step: usize,
-        /// Index of an argument holding the number of keys (which then
-        /// follow it), instead of "to the end".
-        count_at: Option<usize>,
-        /// Also a destination key at argument 1 (the *STORE commands).
-        dest: bool,
-    },
-    /// `MGET k...`: split by server, replies reassembled in order.
-    Mget,
-    /// `MSET k v ...`: split by server, `+OK` when all are.
-    Mset,
-    /// `DEL`/`UNLINK`/`EXISTS`/`TOUCH k...`: split by server, counts summed.
-    Sum,
-    /// `EVAL script numkeys key... arg...`: by its keys (at least one, all on one server).
-    Eval,
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Route {
     /// Answered by the proxy itself.
     Proxy,
-    /// `MULTI`, `EXEC`, `DISCARD`: the session queues the transaction and
-    /// sends it whole to the one server its keys are on.
+    /// `MULTI`, `EXEC`, `DISCARD`, `WATCH`, `UNWATCH`: the session queues
+    /// the transaction and sends it whole to the one server its keys are
+    /// on (on a connection of the client's own after `WATCH`).
     Transaction,
+    /// To the server of the key at this position.
+    Key(usize),
+    /// To the server of these keys (all must be on one).
+    Keys(Vec<usize>),
+    /// Split by server: keys from argument 1, each followed by `step - 1`
+    /// values; the parts' replies gathered.
+    Split {
+        /// Arguments per key.
+        step: usize,
+        /// How the replies come together.
+        gather: Gather,
+    },
+    /// `SCRIPT LOAD`, `EXISTS` or `FLUSH`, `FUNCTION LOAD`, `DELETE` or
+    /// `FLUSH`: to every server.
+    Script,
     /// Refused, with the reason.
-    Refused(&'static str),
+    Refused(String),
+    /// The arguments do not fit the command (Redis's arity error).
+    Arity,
 }
 
-const SINGLE: &[&str] = &[
-    // strings
-    "GET",
-    "SET",
-    "SETNX",
-    "SETEX",
-    "PSETEX",
-    "APPEND",
-    "STRLEN",
-    "GETSET",
-    "GETDEL",
-    "GETEX",
-    "GETRANGE",
-    "SUBSTR",
-    "SETRANGE",
-    "INCR",
-    "INCRBY",
-    "INCRBYFLOAT",
-    "DECR",
-    "DECRBY",
-    // bitmaps
-    "GETBIT",
-    "SETBIT",
-    "BITCOUNT",
-    "BITPOS",
-    "BITFIELD",
-    "BITFIELD_RO",
-    // keys and expiry
-    "EXPIRE",
-    "EXPIREAT",
-    "PEXPIRE",
-    "PEXPIREAT",
-    "PERSIST",
-    "TTL",
-    "PTTL",
-    "EXPIRETIME",
-    "PEXPIRETIME",
-    "TYPE",
-    "DUMP",
-    "RESTORE",
-    // hashes
-    "HSET",
-    "HSETNX",
-    "HGET",
-    "HMSET",
-    "HMGET",
-    "HDEL",
-    "HLEN",
-    "HSTRLEN",
-    "HEXISTS",
-    "HKEYS",
-    "HVALS",
-    "HGETALL",
-    "HINCRBY",
-    "HINCRBYFLOAT",
-    "HRANDFIELD",
-    "HSCAN",
-    // lists
-    "LPUSH",
-    "LPUSHX",
-    "RPUSH",
-    "RPUSHX",
-    "LPOP",
-    "RPOP",
-    "LLEN",
-    "LINDEX",
-    "LINSERT",
-    "LRANGE",
-    "LREM",
-    "LSET",
-    "LTRIM",
-    "LPOS",
-    // sets
-    "SADD",
-    "SREM",
-    "SCARD",
-    "SISMEMBER",
-    "SMISMEMBER",
-    "SMEMBERS",
-    "SPOP",
-    "SRANDMEMBER",
-    "SSCAN",
-    // sorted sets
-    "ZADD",
-    "ZCARD",
-    "ZCOUNT",
-    "ZINCRBY",
-    "ZLEXCOUNT",
-    "ZRANGE",
-    "ZRANGEBYLEX",
-    "ZRANGEBYSCORE",
-    "ZRANK",
-    "ZREM",
-    "ZREMRANGEBYLEX",
-    "ZREMRANGEBYRANK",
-    "ZREMRANGEBYSCORE",
-    "ZREVRANGE",
-    "ZREVRANGEBYLEX",
-    "ZREVRANGEBYSCORE",
-    "ZREVRANK",
-    "ZSCORE",
-    "ZMSCORE",
-    "ZPOPMIN",
-    "ZPOPMAX",
-    "ZRANDMEMBER",
-    "ZSCAN",
-    // HyperLogLog (one key)
-    "PFADD",
-    // geo
-    "GEOADD",
-    "GEODIST",
-    "GEOHASH",
-    "GEOPOS",
-    "GEOSEARCH",
-    "GEORADIUS_RO",
-    "GEORADIUSBYMEMBER_RO",
-    // streams
-    "XADD",
-    "XLEN",
-    "XRANGE",
-    "XREVRANGE",
-    "XDEL",
-    "XTRIM",
-];
+/// Why keyless commands are refused.
+const NO_KEY: &str = "it addresses one server, not a key";
 
-/// The route of a command (by its upper-case name), from a table built once.
-pub fn route(name: &str) -> Route {
-    static TABLE: std::sync::OnceLock<std::collections::HashMap<&'static str, Route>> = std::sync::OnceLock::new();
-    let table = TABLE.get_or_init(|| {
-        let mut t: std::collections::HashMap<&'static str, Route> =
-            SINGLE.iter().map(|&n| (n, Route::Single)).collect();
-        for &n in NAMED {
-            t.insert(n, route_of(n));
-        }
-        t
-    });
-    table.get(name).copied().unwrap_or(Route::Refused("chash-proxy does not know how to route it"))
-}
-
-/// Every command name with a route other than `Single`.
-const NAMED: &[&str] = &[
-    "MGET",
-    "MSET",
-    "DEL",
-    "UNLINK",
-    "EXISTS",
-    "TOUCH",
-    "MSETNX",
-    "RENAME",
-    "RENAMENX",
-    "RPOPLPUSH",
-    "LMOVE",
-    "SMOVE",
-    "COPY",
-    "LCS",
-    "PFMERGE",
-    "PFCOUNT",
-    "SDIFF",
-    "SINTER",
-    "SUNION",
-    "SDIFFSTORE",
-    "SINTERSTORE",
-    "SUNIONSTORE",
-    "ZRANGESTORE",
-    "ZUNIONSTORE",
-    "ZINTERSTORE",
-    "ZDIFFSTORE",
-    "ZUNION",
-    "ZINTER",
-    "ZDIFF",
-    "SINTERCARD",
-    "ZINTERCARD",
-    "LMPOP",
-    "ZMPOP",
-    "EVAL",
-    "EVALSHA",
-    "EVAL_RO",
-    "EVALSHA_RO",
-    "PING",
-    "ECHO",
-    "QUIT",
-    "COMMAND",
-    "INFO",
-    "SELECT",
-    "HELLO",
-    "AUTH",
-    "MULTI",
-    "EXEC",
-    "DISCARD",
-    "WATCH",
-    "UNWATCH",
-    "SUBSCRIBE",
-    "PSUBSCRIBE",
-    "UNSUBSCRIBE",
-    "PUNSUBSCRIBE",
-    "SSUBSCRIBE",
-    "SUNSUBSCRIBE",
-    "PUBLISH",
-    "SPUBLISH",
-    "PUBSUB",
-    "KEYS",
-    "SCAN",
-    "RANDOMKEY",
-    "DBSIZE",
-    "FLUSHALL",
-    "FLUSHDB",
-    "BLPOP",
-    "BRPOP",
-    "BRPOPLPUSH",
-    "BLMOVE",
-    "BZPOPMIN",
-    "BZPOPMAX",
-    "BLMPOP",
-    "BZMPOP",
-    "XREAD",
-    "XREADGROUP",
-    "WAIT",
-    "CLUSTER",
-    "READONLY",
-    "READWRITE",
-    "ASKING",
-    "SCRIPT",
-    "FUNCTION",
-    "FCALL",
-    "FCALL_RO",
-    "MOVE",
-    "SWAPDB",
-    "MIGRATE",
-    "CONFIG",
-    "DEBUG",
-    "SHUTDOWN",
-    "SAVE",
-    "BGSAVE",
-    "BGREWRITEAOF",
-    "LASTSAVE",
-    "REPLICAOF",
-    "SLAVEOF",
-    "MONITOR",
-    "CLIENT",
-    "SLOWLOG",
-    "LATENCY",
-    "MEMORY",
-    "OBJECT",
-    "ACL",
-    "ROLE",
-    "TIME",
-    "SYNC",
-    "PSYNC",
-    "FAILOVER",
-    "RESET",
-    "LOLWUT",
-];
-
-/// The route of a named (non-`Single`) command.
-fn route_of(name: &str) -> Route {
-    let together = |first, step| Route::Together { first, step, count_at: None, dest: false };
+/// The route of the command `args` (the name first), `name` being its
+/// name in capitals (`Command::name_in`; empty when it is not a word).
+pub(crate) fn route(name: &str, args: &[Bytes]) -> Route {
+    if args.is_empty() {
+        return Route::Arity;
+    }
+    let has = |word: &str| args[1..].iter().any(|a| a.eq_ignore_ascii_case(word.as_bytes()));
     match name {
-        "MGET" => Route::Mget,
-        "MSET" => Route::Mset,
-        "DEL" | "UNLINK" | "EXISTS" | "TOUCH" => Route::Sum,
-        "MSETNX" => together(1, 2),
-        "RENAME" | "RENAMENX" | "RPOPLPUSH" | "LMOVE" | "SMOVE" | "COPY" | "LCS" | "PFMERGE" | "PFCOUNT" | "SDIFF"
-        | "SINTER" | "SUNION" | "SDIFFSTORE" | "SINTERSTORE" | "SUNIONSTORE" | "ZRANGESTORE" => together(1, 1),
-        "ZUNIONSTORE" | "ZINTERSTORE" | "ZDIFFSTORE" => {
-            Route::Together { first: 3, step: 1, count_at: Some(2), dest: true }
+        "PING" | "ECHO" | "QUIT" | "COMMAND" | "INFO" | "SELECT" | "HELLO" | "AUTH" | "CLIENT" => return Route::Proxy,
+        "MULTI" | "EXEC" | "DISCARD" | "UNWATCH" if args.len() != 1 => return Route::Arity,
+        "WATCH" if args.len() < 2 => return Route::Arity,
+        "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "UNWATCH" => return Route::Transaction,
+        "MGET" | "DEL" | "UNLINK" | "EXISTS" | "TOUCH" if args.len() < 2 => return Route::Arity,
+        "MGET" => return Route::Split { step: 1, gather: Gather::InOrder },
+        "DEL" | "UNLINK" | "EXISTS" | "TOUCH" => return Route::Split { step: 1, gather: Gather::Sum },
+        "MSET" if args.len() < 3 || args.len().is_multiple_of(2) => return Route::Arity,
+        "MSET" => return Route::Split { step: 2, gather: Gather::AllOk },
+        "SCRIPT" | "FUNCTION" if args.len() < 2 => return Route::Arity,
+        "SCRIPT" | "FUNCTION" => {
+            let sub = args.get(1).map(|s| String::from_utf8_lossy(s).to_ascii_uppercase()).unwrap_or_default();
+            let everywhere: &[&str] =
+                if name == "SCRIPT" { &["LOAD", "EXISTS", "FLUSH"] } else { &["LOAD", "DELETE", "FLUSH"] };
+            return if everywhere.contains(&sub.as_str()) {
+                Route::Script
+            } else {
+                Route::Refused(format!("{name} {sub} addresses one server; {} go to all", everywhere.join(", ")))
+            };
         }
-        "ZUNION" | "ZINTER" | "ZDIFF" | "SINTERCARD" | "ZINTERCARD" | "LMPOP" | "ZMPOP" => {
-            Route::Together { first: 2, step: 1, count_at: Some(1), dest: false }
+        // Sharded pub/sub names channels as keys, but a subscribed
+        // connection cannot be shared.
+        "SUBSCRIBE" | "PSUBSCRIBE" | "SSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "SUNSUBSCRIBE" => {
+            return Route::Refused("pub/sub would turn a shared server connection into a subscription".into())
         }
-        "EVAL" | "EVALSHA" | "EVAL_RO" | "EVALSHA_RO" => Route::Eval,
-        "PING" | "ECHO" | "QUIT" | "COMMAND" | "INFO" | "SELECT" | "HELLO" | "AUTH" | "CLIENT" => Route::Proxy,
-        "MULTI" | "EXEC" | "DISCARD" => Route::Transaction,
-        "WATCH" | "UNWATCH" => Route::Refused(
-            "WATCH needs a connection of its own to the key's server, which chash-proxy does not give yet; \
-             MULTI/EXEC on keys of one server works",
-        ),
-        "SUBSCRIBE" | "PSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "SSUBSCRIBE" | "SUNSUBSCRIBE" | "PUBLISH"
-        | "SPUBLISH" | "PUBSUB" => Route::Refused("pub/sub is not routed by key"),
-        "KEYS" | "SCAN" | "RANDOMKEY" | "DBSIZE" => Route::Refused("it spans the whole key space of every server"),
-        "FLUSHALL" | "FLUSHDB" => Route::Refused("it would empty every server; it is disabled in this proxy"),
-        "BLPOP" | "BRPOP" | "BRPOPLPUSH" | "BLMOVE" | "BZPOPMIN" | "BZPOPMAX" | "BLMPOP" | "BZMPOP" | "XREAD"
-        | "XREADGROUP" | "WAIT" => Route::Refused("blocking commands would hold a shared backend connection"),
-        "CLUSTER" | "READONLY" | "READWRITE" | "ASKING" => Route::Refused("this is a proxy, not a Redis Cluster"),
-        "SCRIPT" | "FUNCTION" | "FCALL" | "FCALL_RO" => Route::Refused("scripts without keys cannot be routed"),
-        "MOVE" | "SWAPDB" | "MIGRATE" => Route::Refused("it changes databases or servers behind the proxy"),
-        "CONFIG" | "DEBUG" | "SHUTDOWN" | "SAVE" | "BGSAVE" | "BGREWRITEAOF" | "LASTSAVE" | "REPLICAOF" | "SLAVEOF"
-        | "MONITOR" | "SLOWLOG" | "LATENCY" | "MEMORY" | "OBJECT" | "ACL" | "ROLE" | "TIME" | "SYNC" | "PSYNC"
-        | "FAILOVER" | "RESET" | "LOLWUT" => Route::Refused("it addresses one server, not a key"),
-        _ => Route::Refused("chash-proxy does not know how to route it"),
+        _ => {}
+    }
+    let Some(spec) = spec_of(args) else {
+        return Route::Refused("chash-proxy does not know how to route it".into());
+    };
+    if !spec.fits(args.len()) {
+        return Route::Arity;
+    }
+    if name == "XREAD" || name == "XREADGROUP" {
+        if has("BLOCK") {
+            return Route::Refused("with BLOCK it would hold a server connection other clients share".into());
+        }
+    } else if spec.blocking {
+        return Route::Refused("a blocking command would hold a server connection other clients share".into());
+    }
+    // SORT's patterns: keys its specs cannot locate.
+    if spec.has_unknown_keys() && (has("BY") || has("GET")) {
+        return Route::Refused("with BY or GET it reads keys named by patterns, which may be on any server".into());
+    }
+    if spec.keys.is_empty() {
+        return Route::Refused(NO_KEY.into());
+    }
+    if let Some(key) = spec.single_key(args.len()) {
+        return Route::Key(key);
+    }
+    match spec.key_positions(args) {
+        None => Route::Arity,
+        Some(keys) if keys.is_empty() => Route::Refused("without keys it cannot be routed by key".into()),
+        Some(keys) => Route::Keys(keys),
     }
 }
 
-/// The key positions of a `Together` or `Eval` command with `n` arguments,
-/// or `None` when the arguments do not match the command's shape.
-pub fn key_positions(r: Route, args: &[bytes::Bytes]) -> Option<Vec<usize>> {
-    let n = args.len();
-    let count = |at: usize| -> Option<usize> { std::str::from_utf8(args.get(at)?).ok()?.parse().ok() };
-    match r {
-        Route::Together { first, step, count_at: None, dest } => {
-            let mut v: Vec<usize> = (first..n).step_by(step).collect();
-            if dest {
-                v.insert(0, 1);
-            }
-            (!v.is_empty()).then_some(v)
-        }
-        Route::Together { first, count_at: Some(at), dest, .. } => {
-            let k = count(at)?;
-            if k == 0 || first + k > n {
-                return None;
-            }
-            let mut v: Vec<usize> = (first..first + k).collect();
-            if dest {
-                v.insert(0, 1);
-            }
-            Some(v)
-        }
-        Route::Eval => {
-            let k = count(2)?;
-            if k == 0 || 3 + k > n {
-                return None;
-            }
-            Some((3..3 + k).collect())
-        }
+/// The positions of the keys of a routed command (for transactions).
+pub(crate) fn keys_of(route: &Route, argc: usize) -> Option<Vec<usize>> {
+    match route {
+        Route::Key(k) => Some(vec![*k]),
+        Route::Keys(k) => Some(k.clone()),
+        Route::Split { step, .. } => Some((1..argc).step_by(*step).collect()),
         _ => None,
     }
+}
+
+/// The spec of the command `args` names: a container's subcommand
+/// (`OBJECT ENCODING`) by both words.
+pub(crate) fn spec_of(args: &[Bytes]) -> Option<&'static Spec> {
+    // Long enough for every name in the table; longer ones are not there.
+    let mut buf = [0u8; 48];
+    let n = upper_into(&mut buf, args.first()?)?;
+    let index = index();
+    let &(spec, containing) = index.get(&buf[..n])?;
+    if containing && args.len() > 1 {
+        buf[n] = b'|';
+        if let Some(m) = upper_into(&mut buf[n + 1..], &args[1]) {
+            if let Some(&(sub, _)) = index.get(&buf[..n + 1 + m]) {
+                return Some(sub);
+            }
+        }
+    }
+    Some(spec)
+}
+
+/// The table by upper-case name, each with whether it has subcommands.
+type Index = HashMap<Box<[u8]>, (&'static Spec, bool), BuildHasherDefault<Fnv>>;
+
+/// The command table indexed once: a lookup per request costs a hash of
+/// the name, not a binary search of string comparisons.
+fn index() -> &'static Index {
+    static INDEX: OnceLock<Index> = OnceLock::new();
+    INDEX.get_or_init(|| {
+        COMMANDS
+            .iter()
+            .map(|spec| {
+                let prefix = format!("{}|", spec.name);
+                let containing = COMMANDS.iter().any(|s| s.name.starts_with(&prefix));
+                (spec.name.to_ascii_uppercase().into_bytes().into_boxed_slice(), (spec, containing))
+            })
+            .collect()
+    })
+}
+
+/// FNV-1a: command names are short and not chosen to collide (a client
+/// that sends odd names only costs itself a longer probe).
+#[derive(Default)]
+struct Fnv(u64);
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut h = if self.0 == 0 { 0xcbf2_9ce4_8422_2325 } else { self.0 };
+        for &b in bytes {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self.0 = h;
+    }
+}
+
+/// Writes `word` in upper case at the start of `buf`: its length, or `None`
+/// when it does not fit.
+fn upper_into(buf: &mut [u8], word: &[u8]) -> Option<usize> {
+    let dest = buf.get_mut(..word.len())?;
+    for (d, s) in dest.iter_mut().zip(word) {
+        *d = s.to_ascii_uppercase();
+    }
+    Some(word.len())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
+
+    fn r(s: &str) -> Route {
+        let args: Vec<Bytes> = s.split(' ').map(|w| Bytes::copy_from_slice(w.as_bytes())).collect();
+        route(&s.split(' ').next().unwrap().to_ascii_uppercase(), &args)
+    }
+
+    #[test]
+    fn routes() {
+        assert_eq!(r("GET k"), Route::Key(1));
+        assert_eq!(r("GET"), Route::Arity);
+        assert_eq!(r("SMOVE {g}:a {g}:b alice"), Route::Keys(vec![1, 2]));
+        assert_eq!(r("MGET a b"), Route::Split { step: 1, gather: Gather::InOrder });
+        assert_eq!(r("MSET a 1 b"), Route::Arity);
+        assert_eq!(r("MULTI"), Route::Transaction);
+        assert_eq!(r("SCRIPT LOAD x"), Route::Script);
+        assert_eq!(r("FUNCTION FLUSH"), Route::Script);
+        assert_eq!(r("SCRIPT"), Route::Arity);
+        assert!(matches!(r("FUNCTION DUMP"), Route::Refused(_)));
+        assert_eq!(r("SORT k LIMIT 0 1"), Route::Keys(vec![1]));
+        assert!(matches!(r("SORT k BY w_*"), Route::Refused(_)));
+        assert!(matches!(r("BLPOP l 0"), Route::Refused(_)));
+        assert_eq!(r("XREAD COUNT 1 STREAMS s 0"), Route::Keys(vec![4]));
+        assert!(matches!(r("XREAD BLOCK 0 STREAMS s 0"), Route::Refused(_)));
+        assert_eq!(r("XGROUP CREATE s g $"), Route::Key(2));
+        assert_eq!(r("OBJECT ENCODING k"), Route::Key(2));
+        assert_eq!(r("MEMORY USAGE k"), Route::Key(2));
+        assert!(matches!(r("EVAL s 0"), Route::Refused(_)));
+        assert!(matches!(r("KEYS *"), Route::Refused(_)));
+        assert!(matches!(r("NOSUCH"), Route::Refused(_)));
+        assert_eq!(r("WATCH k"), Route::Transaction);
+        assert_eq!(r("WATCH"), Route::Arity);
+        assert!(matches!(r("SSUBSCRIBE ch"), Route::Refused(_)));
+    }
 
     fn args(s: &str) -> Vec<Bytes> {
         s.split(' ').map(|w| Bytes::copy_from_slice(w.as_bytes())).collect()
     }
 
+    fn keys(s: &str) -> Option<Vec<usize>> {
+        let a = args(s);
+        spec_of(&a).unwrap().key_positions(&a)
+    }
+
     #[test]
-    fn routes_and_keys() {
-        assert_eq!(route("GET"), Route::Single);
-        assert_eq!(route("MGET"), Route::Mget);
-        assert_eq!(route("MULTI"), Route::Transaction);
-        assert!(matches!(route("WATCH"), Route::Refused(_)));
-        assert!(matches!(route("NOPE"), Route::Refused(_)));
-        assert_eq!(key_positions(route("MSETNX"), &args("MSETNX a 1 b 2")), Some(vec![1, 3]));
-        assert_eq!(key_positions(route("ZUNIONSTORE"), &args("ZUNIONSTORE d 2 a b WEIGHTS 1 2")), Some(vec![1, 3, 4]));
-        assert_eq!(key_positions(route("EVAL"), &args("EVAL s 2 a b x")), Some(vec![3, 4]));
-        assert_eq!(key_positions(route("EVAL"), &args("EVAL s 0")), None);
-        assert_eq!(key_positions(route("SINTERCARD"), &args("SINTERCARD 2 a b LIMIT 1")), Some(vec![2, 3]));
+    fn keys_where_redis_says() {
+        // Members, options and counts are not keys.
+        assert_eq!(keys("SMOVE {g}:a {g}:b alice"), Some(vec![1, 2]));
+        assert_eq!(keys("LMOVE a b LEFT RIGHT"), Some(vec![1, 2]));
+        assert_eq!(keys("COPY a b REPLACE"), Some(vec![1, 2]));
+        assert_eq!(keys("ZRANGESTORE d s 0 -1"), Some(vec![1, 2]));
+        assert_eq!(keys("LCS a b IDX"), Some(vec![1, 2]));
+        assert_eq!(keys("MSET a 1 b 2"), Some(vec![1, 3]));
+        assert_eq!(keys("EVAL s 2 a b x"), Some(vec![3, 4]));
+        assert_eq!(keys("EVAL s 0"), Some(vec![]));
+        assert_eq!(keys("EVAL s x a"), None);
+        assert_eq!(keys("XREAD COUNT 2 STREAMS a b 0 0"), Some(vec![4, 5]));
+        assert_eq!(keys("OBJECT ENCODING k"), Some(vec![2]));
+        assert_eq!(keys("GEORADIUS k 0 0 1 km STORE d"), Some(vec![1, 7]));
+        assert_eq!(keys("ZUNIONSTORE d 2 a b WEIGHTS 1 2"), Some(vec![1, 3, 4]));
+        assert!(spec_of(&args("SORT k BY x")).unwrap().has_unknown_keys());
+        assert!(spec_of(&args("BLPOP a 0")).unwrap().blocking);
+        assert!(spec_of(&args("NOSUCH")).is_none());
+        assert!(spec_of(&args("GET")).unwrap().fits(2) && !spec_of(&args("GET")).unwrap().fits(3));
+    }
+
+    #[test]
+    fn the_table_is_sorted() {
+        let table = COMMANDS;
+        assert!(table.windows(2).all(|w| w[0].name < w[1].name));
+        assert!(table.len() > 200);
     }
 }

@@ -7,12 +7,12 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use super::command::{key_positions, route, Route};
+use super::command::{keys_of, route, Gather, Route};
 use super::resp::{
     array_items, bulk, error, frames, integer, parse_request, Command, Request, RespLimits, Skip, STREAMED, WHOLE,
     WHOLE_REPLY_LIMIT,
 };
-use crate::backend::{BackendError, Reply, Requester, Server};
+use crate::backend::{BackendError, Pinned, Reply, Requester, Server};
 use crate::conn::{bytes_reply, ready, ready_owned, Out, PendingReply, Session, Step};
 use crate::options::Shared;
 use crate::pool::Pool;
@@ -31,6 +31,15 @@ pub(crate) struct RedisSession {
     /// `CLIENT SETNAME` and `CLIENT SETINFO` of this connection.
     name: Option<Bytes>,
     lib: [Option<Bytes>; 2],
+    /// Keys watched (`WATCH`), on a server connection of this client's own.
+    watch: Option<Watch>,
+}
+
+/// The server connection a client's `WATCH` went on: its `EXEC` goes on
+/// the same one, and nothing of another client's does.
+struct Watch {
+    server: Arc<Server>,
+    pinned: Pinned,
 }
 
 /// A transaction's commands, queued by the proxy until `EXEC`, then sent
@@ -53,7 +62,18 @@ impl RedisSession {
     pub(crate) fn new(pool: Arc<Pool>, shared: Arc<Shared>, requester: Requester) -> RedisSession {
         let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value(true).max(512) };
         let authed = pool.settings.redis_auth.is_none();
-        RedisSession { pool, shared, requester, limits, authed, skip: None, tx: None, name: None, lib: [None, None] }
+        RedisSession {
+            pool,
+            shared,
+            requester,
+            limits,
+            authed,
+            skip: None,
+            tx: None,
+            name: None,
+            lib: [None, None],
+            watch: None,
+        }
     }
 }
 
@@ -120,30 +140,26 @@ impl RedisSession {
         if !self.authed && !matches!(name, "AUTH" | "HELLO" | "QUIT") {
             return err(pool, "NOAUTH Authentication required.".into());
         }
-        if self.tx.is_some() && !matches!(name, "MULTI" | "EXEC" | "DISCARD" | "QUIT") {
+        if self.tx.is_some() && !matches!(name, "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "QUIT") {
             return self.queue(name, cmd);
         }
-        match route(name) {
-            Route::Transaction => self.transaction(name).await,
+        match route(name, &cmd.args) {
+            Route::Transaction => self.transaction(name, cmd).await,
             Route::Proxy => self.proxy_command(name, &cmd),
+            Route::Script => self.script(cmd).await,
+            Route::Arity => err(pool, arity(&String::from_utf8_lossy(&cmd.args[0]))),
             Route::Refused(why) => {
                 err(pool, format!("ERR '{}' is not supported by chash-proxy: {why}", cmd.name().to_ascii_lowercase()))
             }
-            Route::Single => match cmd.args.get(1).cloned() {
-                Some(key) => self.forward(&key, cmd).await,
-                None => err(pool, arity(name)),
-            },
-            r @ (Route::Together { .. } | Route::Eval) => {
-                let Some(positions) = key_positions(r, &cmd.args) else {
-                    return err(
-                        pool,
-                        if r == Route::Eval {
-                            format!("ERR '{}' without keys cannot be routed by chash-proxy", name.to_ascii_lowercase())
-                        } else {
-                            arity(name)
-                        },
-                    );
-                };
+            Route::Key(position) => {
+                let key = cmd.args[position].clone();
+                self.forward(&key, cmd).await
+            }
+            Route::Keys(positions) if positions.len() == 1 => {
+                let key = cmd.args[positions[0]].clone();
+                self.forward(&key, cmd).await
+            }
+            Route::Keys(positions) => {
                 let state = pool.state();
                 let mut server: Option<Arc<Server>> = None;
                 for p in positions {
@@ -170,39 +186,136 @@ impl RedisSession {
                     None => err(pool, arity(name)),
                 }
             }
-            Route::Mget => self.split(cmd, 1, 1, Gather::InOrder).await,
-            Route::Mset => {
-                if cmd.args.len() < 3 || cmd.args.len().is_multiple_of(2) {
-                    return err(pool, arity(name));
-                }
-                self.split(cmd, 1, 2, Gather::AllOk).await
-            }
-            Route::Sum => {
-                if cmd.args.len() < 2 {
-                    return err(pool, arity(name));
-                }
-                self.split(cmd, 1, 1, Gather::Sum).await
-            }
+            Route::Split { step, gather } => self.split(cmd, 1, step, gather).await,
         }
     }
 
+    /// `SCRIPT LOAD`, `EXISTS` or `FLUSH` on every server: the same SHA
+    /// everywhere (so `EVALSHA` works wherever its keys are), a script
+    /// known only if every server knows it, flushed everywhere.
+    async fn script(&self, cmd: Command) -> PendingReply {
+        let servers: Vec<Arc<Server>> = self.pool.state().live().map(|m| m.server.clone()).collect();
+        if servers.is_empty() {
+            return ready_owned(forward_error(&self.pool, "ERR no live server in pool".into()));
+        }
+        let exists = cmd.args[1].eq_ignore_ascii_case(b"EXISTS");
+        let data = cmd.wire();
+        let mut waits = Vec::with_capacity(servers.len());
+        for server in servers {
+            let pending = server.submit(data.clone(), WHOLE, &self.requester).await;
+            waits.push((server, pending));
+        }
+        let pool = self.pool.clone();
+        bytes_reply(async move {
+            let mut first: Option<Bytes> = None;
+            let mut known: Option<Vec<bool>> = None;
+            for (server, pending) in waits {
+                let frame = match server.finish(pending).await {
+                    Ok(Reply::Whole(f)) => f,
+                    Ok(Reply::Stream(_)) => return Some(error("ERR backend sent an unexpected reply")),
+                    Err(e) => return Some(forward_error(&pool, format!("ERR backend {} {e}", server.id()))),
+                };
+                if frame.starts_with(b"-") {
+                    return Some(frame);
+                }
+                if exists {
+                    let flags: Vec<bool> =
+                        array_items(&frame).unwrap_or_default().iter().map(|i| integer(i) == Some(1)).collect();
+                    known = Some(match known {
+                        None => flags,
+                        Some(k) => k.iter().zip(&flags).map(|(a, b)| *a && *b).collect(),
+                    });
+                }
+                first.get_or_insert(frame);
+            }
+            Some(match known {
+                Some(k) => {
+                    let mut out = BytesMut::from(format!("*{}\r\n", k.len()).as_bytes());
+                    for flag in k {
+                        out.extend_from_slice(if flag { b":1\r\n" } else { b":0\r\n" });
+                    }
+                    out.freeze()
+                }
+                None => first.unwrap_or_else(|| Bytes::from_static(b"+OK\r\n")),
+            })
+        })
+    }
+
     /// `MULTI`, `EXEC`, `DISCARD`.
-    async fn transaction(&mut self, name: &str) -> PendingReply {
+    async fn transaction(&mut self, name: &str, cmd: Command) -> PendingReply {
         match (name, self.tx.take()) {
+            ("WATCH", None) => self.watch(cmd).await,
+            ("UNWATCH", None) => {
+                // Closing the connection forgets what it watched.
+                self.watch = None;
+                ready(b"+OK\r\n")
+            }
             ("MULTI", None) => {
-                self.tx = Some(Transaction::default());
+                // Watched keys pin the transaction to their server.
+                let server = self.watch.as_ref().map(|w| w.server.clone());
+                self.tx = Some(Transaction { server, ..Transaction::default() });
                 ready(b"+OK\r\n")
             }
             ("MULTI", Some(tx)) => {
                 self.tx = Some(tx);
                 err(&self.pool, "ERR MULTI calls can not be nested".into())
             }
-            ("DISCARD", Some(_)) => ready(b"+OK\r\n"),
+            ("DISCARD", Some(_)) => {
+                self.watch = None;
+                ready(b"+OK\r\n")
+            }
             ("EXEC", Some(tx)) => self.exec(tx).await,
             (_, None) => err(&self.pool, format!("ERR {name} without MULTI")),
             (_, Some(tx)) => {
                 self.tx = Some(tx);
                 err(&self.pool, format!("ERR {name} inside MULTI is not allowed"))
+            }
+        }
+    }
+
+    /// `WATCH`: on a server connection of the client's own, pinned until
+    /// `EXEC`, `DISCARD` or `UNWATCH`. Its reply is awaited here, so the
+    /// client's later commands (the reads its transaction depends on) run
+    /// after the keys are watched even when it pipelines them.
+    async fn watch(&mut self, cmd: Command) -> PendingReply {
+        let pool = self.pool.clone();
+        let server = {
+            let state = pool.state();
+            let mut server: Option<Arc<Server>> = self.watch.as_ref().map(|w| w.server.clone());
+            for key in &cmd.args[1..] {
+                let Some(s) = state.server_for(key) else {
+                    return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
+                };
+                match &server {
+                    Some(first) if !Arc::ptr_eq(first, s) => {
+                        return err(
+                            &pool,
+                            format!(
+                                "ERR 'watch' key '{}' is on another server than the other watched keys; keys \
+                                 watched together (and their transaction's) need a common hash tag such as \
+                                 {{user:1}} (pool hash_tag)",
+                                String::from_utf8_lossy(key)
+                            ),
+                        );
+                    }
+                    Some(_) => {}
+                    None => server = Some(s.clone()),
+                }
+            }
+            match server {
+                Some(s) => s,
+                None => return err(&pool, arity("WATCH")),
+            }
+        };
+        let watch = self.watch.get_or_insert_with(|| Watch { pinned: server.pin(&self.requester), server });
+        let pending = watch.server.submit_pinned(&watch.pinned, cmd.wire(), WHOLE, 1, &self.requester).await;
+        match watch.server.finish(pending).await {
+            Ok(Reply::Whole(frame)) => ready_owned(frame),
+            Ok(Reply::Stream(_)) => err(&pool, "ERR backend sent an unexpected reply".into()),
+            Err(e) => {
+                let id = watch.server.id().to_owned();
+                self.watch = None;
+                ready_owned(forward_error(&pool, format!("ERR backend {id} {e}; nothing is watched")))
             }
         }
     }
@@ -215,27 +328,22 @@ impl RedisSession {
         let pool = self.pool.clone();
         let Some(tx) = self.tx.as_mut() else { return err(&pool, "ERR not in a transaction".into()) };
         let lower = name.to_ascii_lowercase();
-        let positions: Vec<usize> = match route(name) {
-            Route::Single if cmd.args.len() > 1 => vec![1],
-            Route::Together { .. } | Route::Eval => match key_positions(route(name), &cmd.args) {
-                Some(p) => p,
-                None => {
-                    tx.refused = true;
-                    return err(&pool, arity(name));
-                }
-            },
-            Route::Mget | Route::Sum => (1..cmd.args.len()).collect(),
-            Route::Mset => (1..cmd.args.len()).step_by(2).collect(),
+        let route = route(name, &cmd.args);
+        let positions: Vec<usize> = match &route {
             // Sent along and answered by the server, as Redis queues them.
             Route::Proxy if matches!(name, "PING" | "ECHO") => Vec::new(),
-            Route::Single => {
+            Route::Transaction if name == "UNWATCH" => Vec::new(),
+            Route::Arity => {
                 tx.refused = true;
                 return err(&pool, arity(name));
             }
-            _ => {
-                tx.refused = true;
-                return err(&pool, format!("ERR '{lower}' cannot run in a transaction through chash-proxy"));
-            }
+            r => match keys_of(r, cmd.args.len()) {
+                Some(p) => p,
+                None => {
+                    tx.refused = true;
+                    return err(&pool, format!("ERR '{lower}' cannot run in a transaction through chash-proxy"));
+                }
+            },
         };
         let state = pool.state();
         for p in positions {
@@ -271,10 +379,12 @@ impl RedisSession {
     /// Sends a queued transaction to its server as one write and answers
     /// with `EXEC`'s reply; nothing runs when it was refused.
     async fn exec(&mut self, tx: Transaction) -> PendingReply {
+        // EXEC ends the watch whatever happens.
+        let watch = self.watch.take();
         if tx.refused {
             return err(&self.pool, "EXECABORT Transaction discarded because of previous errors.".into());
         }
-        if tx.commands.is_empty() {
+        if tx.commands.is_empty() && watch.is_none() {
             return ready(b"*0\r\n");
         }
         let server = match tx.server {
@@ -292,13 +402,21 @@ impl RedisSession {
         }
         data.extend_from_slice(b"*1\r\n$4\r\nEXEC\r\n");
         let n = tx.commands.len() + 2;
-        let pending = server.submit_frames(data.freeze(), WHOLE, n, &self.requester).await;
+        let pending = match &watch {
+            // The transaction's server is the watched keys' (MULTI made it so).
+            Some(w) => server.submit_pinned(&w.pinned, data.freeze(), WHOLE, n, &self.requester).await,
+            None => server.submit_frames(data.freeze(), WHOLE, n, &self.requester).await,
+        };
         let pool = self.pool.clone();
         bytes_reply(async move {
             match server.finish(pending).await {
                 // MULTI's +OK, each command's +QUEUED (or its error, which
                 // makes EXEC's reply -EXECABORT), then EXEC's reply.
                 Ok(Reply::Whole(replies)) => {
+                    // EXEC unwatched everything: the connection is clean.
+                    if let Some(w) = watch {
+                        server.release(w.pinned);
+                    }
                     let all = frames(&replies);
                     Some(all.last().cloned().unwrap_or_else(|| error("ERR backend sent an unexpected reply")))
                 }
@@ -599,17 +717,6 @@ fn hello_reply(resp3: bool, id: usize) -> Bytes {
     frame.freeze()
 }
 
-/// How split replies come back together.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Gather {
-    /// Array items in the client's key order (MGET).
-    InOrder,
-    /// `+OK` when every part is (MSET).
-    AllOk,
-    /// Integers added up (DEL, EXISTS, ...).
-    Sum,
-}
-
 /// The pool's counters in the format of Redis's `INFO`.
 fn info(pool: &Pool, shared: &Shared) -> String {
     use std::fmt::Write as _;
@@ -618,13 +725,14 @@ fn info(pool: &Pool, shared: &Shared) -> String {
     let _ = write!(
         text,
         "proxy:chash-proxy\r\nversion:{}\r\npool:{}\r\ndistribution:{}\r\nservers:{}\r\nlive_servers:{}\r\n\
-         uptime_in_seconds:{}\r\n",
+         uptime_in_seconds:{}\r\nkey_specs_of_redis:{}\r\n",
         env!("CARGO_PKG_VERSION"),
         snap.name,
         snap.distribution,
         snap.servers.len(),
         snap.live_servers,
         shared.started.elapsed().as_secs(),
+        super::commands::REDIS_VERSION,
     );
     // Redis's names for what both count.
     let _ = write!(

@@ -1,7 +1,8 @@
 """redis-py with a client name, and its default pipeline (a MULTI/EXEC transaction) through the
 proxy: tagged keys run as one transaction; keys on two servers are
 refused and nothing of the transaction runs (before, the refused MULTI
-left the queued commands to run one by one, so a retry applied them twice).
+left the queued commands to run one by one, so a retry applied them twice);
+optimistic locking with WATCH (`Redis.transaction`), in RESP2 and RESP3.
 Usage: redis_transactions.py HOST:PORT KEY_ON_ONE_SERVER KEY_ON_ANOTHER"""
 
 import sys
@@ -43,4 +44,25 @@ with r.pipeline() as p:
     p.set("{n}:gone", "1")
     p.reset()  # DISCARD
 assert r.get("{n}:gone") is None
+
+# WATCH: redis-py's optimistic-locking helper, its default protocol (RESP3)
+# and RESP2; a write by another client between WATCH and EXEC makes it
+# retry, so no increment is lost.
+for protocol in (3, 2):
+    c = redis.Redis(host=host, port=int(port), protocol=protocol, socket_timeout=5)
+    key = "{w%d}:n" % protocol
+    c.set(key, 0)
+    interfered = []
+
+    def bump(pipe):
+        value = int(pipe.get(key))
+        if not interfered:
+            interfered.append(1)
+            r.incr(key)  # another client writes the watched key
+        pipe.multi()
+        pipe.set(key, value + 1)
+
+    c.transaction(bump, key)
+    assert c.get(key) == b"2", (protocol, c.get(key))
+    assert len(interfered) == 1
 print("ok")
