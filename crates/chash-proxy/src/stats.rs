@@ -76,14 +76,16 @@ counters! {
         forward_errors: Counter,
         /// Parts sent to servers for multi-key requests split by server.
         fragments: Counter,
-        /// Retrieval commands.
+        /// Retrieval commands (`mg` included).
         cmd_get: Counter,
         /// Keys asked for by retrieval commands.
         get_keys: Counter,
         /// Keys found.
         get_hits: Counter,
-        /// Storage commands.
+        /// Storage commands (`ms` included).
         cmd_set: Counter,
+        /// Meta commands (`mg`, `ms`, `md`, `ma`, `me`, `mn`).
+        cmd_meta: Counter,
         /// Large Redis replies passed on as they arrived.
         streamed_replies: Counter,
     }

@@ -99,3 +99,19 @@ fn redis_py_resp3_and_resp2_match_redis() {
         }
     }
 }
+
+/// meta-memcache (a client that speaks only the meta protocol) through the
+/// proxy in front of four memcached: its commands and recipes, and 20
+/// clients at once with values naming their keys; the keys land on all four.
+#[test]
+fn meta_memcache_through_the_proxy() {
+    let mc = memcacheds(4);
+    let refs: Vec<&Memcached> = mc.iter().collect();
+    let proxy = Proxy::start(&support::config("", &refs));
+    run_script("memcached_meta.py", &[&proxy.addr.to_string()]);
+    let keys: Vec<String> = (0..2000).map(|i| format!("w{}:k{}", i / 100, i % 100)).collect();
+    for m in &mc {
+        let held = m.holds_each(&keys).into_iter().filter(|&h| h).count();
+        assert!(held > 0, "{} holds none of the 2,000 keys", m.id());
+    }
+}

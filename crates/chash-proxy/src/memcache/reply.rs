@@ -24,8 +24,67 @@ pub const LINE: &dyn Framing = &Line;
 /// `END` (or one error line).
 pub const VALUES: &dyn Framing = &Values;
 
+/// The framing of a meta command's reply: one line (`HD ...`, `EN`,
+/// `NF`, `NS`, `EX`, `ME ...`, an error), or `VA <size> ...` and its data.
+pub const META: &dyn Framing = &Meta;
+
+/// The framing of a quiet meta request sent with `mn` after it: whatever
+/// replies come (none, when the server left its reply out), up to and
+/// including `MN`.
+pub const META_TO_MN: &dyn Framing = &MetaToMn;
+
 struct Line;
 struct Values;
+struct Meta;
+struct MetaToMn;
+
+impl Framing for Meta {
+    fn parse(&self, buf: &mut BytesMut) -> Frame {
+        match meta_reply_end(buf, 0) {
+            Ok(Some(end)) => Frame::Done(buf.split_to(end).freeze()),
+            Ok(None) => Frame::Incomplete,
+            Err(e) => Frame::Invalid(e),
+        }
+    }
+}
+
+impl Framing for MetaToMn {
+    fn parse(&self, buf: &mut BytesMut) -> Frame {
+        let mut pos = 0;
+        loop {
+            match meta_reply_end(buf, pos) {
+                Ok(Some(end)) if &buf[pos..end] == b"MN\r\n" => return Frame::Done(buf.split_to(end).freeze()),
+                Ok(Some(end)) => pos = end,
+                Ok(None) => return Frame::Incomplete,
+                Err(e) => return Frame::Invalid(e),
+            }
+        }
+    }
+}
+
+/// The end of the meta reply starting at `from`, when it is all there.
+fn meta_reply_end(buf: &mut BytesMut, from: usize) -> Result<Option<usize>, String> {
+    let end = match line_at(buf, from) {
+        Some(Ok(end)) => end,
+        Some(Err(e)) => return Err(e),
+        None => return Ok(None),
+    };
+    let line = &buf[from..end];
+    if !line.starts_with(b"VA ") {
+        return Ok(Some(end));
+    }
+    let len = trim_crlf(line)[3..].split(|&b| b == b' ').next().and_then(|l| std::str::from_utf8(l).ok());
+    let Some(len) = len.and_then(|l| l.parse::<usize>().ok()) else { return Err("bad VA length".into()) };
+    let block_end = end + len + 2;
+    if buf.len() < block_end {
+        buf.reserve(block_end - buf.len());
+        return Ok(None);
+    }
+    if &buf[end + len..block_end] != b"\r\n" {
+        return Err("VA data not followed by CRLF".into());
+    }
+    Ok(Some(block_end))
+}
 
 impl Framing for Line {
     fn parse(&self, buf: &mut BytesMut) -> Frame {
@@ -154,5 +213,18 @@ mod tests {
         let mut b = BytesMut::from(&b"HELLO\r\n"[..]);
         assert!(matches!(VALUES.parse(&mut b), Frame::Invalid(_)));
         assert!(is_values(b"END\r\n") && !has_values(b"END\r\n"));
+    }
+
+    #[test]
+    fn meta_replies() {
+        let mut b = BytesMut::from(&b"VA 2 c5 O1\r\nhi\r\nEN\r\nHD W\r\nMN\r\nVA 3\r\nab"[..]);
+        assert_eq!(META.parse(&mut b), Frame::Done(Bytes::from_static(b"VA 2 c5 O1\r\nhi\r\n")));
+        assert_eq!(META.parse(&mut b), Frame::Done(Bytes::from_static(b"EN\r\n")));
+        assert_eq!(META_TO_MN.parse(&mut b), Frame::Done(Bytes::from_static(b"HD W\r\nMN\r\n")));
+        assert_eq!(META.parse(&mut b), Frame::Incomplete);
+        let mut b = BytesMut::from(&b"VA x\r\n"[..]);
+        assert!(matches!(META.parse(&mut b), Frame::Invalid(_)));
+        let mut b = BytesMut::from(&b"VA 1\r\nxyz"[..]);
+        assert!(matches!(META.parse(&mut b), Frame::Invalid(_)));
     }
 }

@@ -10,6 +10,9 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
+use super::errors::{BAD_CHUNK, BAD_FORMAT, ERROR, TOO_LARGE};
+use super::meta::{parse_meta, MetaCmd, MetaParsed, MetaRequest};
+
 /// memcached's key length limit.
 pub const MAX_KEY_LEN: usize = 250;
 
@@ -165,6 +168,8 @@ pub enum Request {
     },
     /// `quit`
     Quit,
+    /// A meta command (`mg`, `ms`, `md`, `ma`, `me`, `mn`).
+    Meta(MetaRequest),
 }
 
 /// What the parser made of the bytes at the front of the buffer.
@@ -197,11 +202,8 @@ pub enum Parsed {
     Partial(Request),
 }
 
-const ERROR: &[u8] = b"ERROR\r\n";
-const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
-const BAD_CHUNK: &[u8] = b"CLIENT_ERROR bad data chunk\r\n";
-const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
 const LINE_TOO_LONG: &[u8] = b"CLIENT_ERROR line too long\r\n";
+const BINARY: &[u8] = b"CLIENT_ERROR the binary protocol is not supported: use the text protocol (classic or meta)\r\n";
 
 fn refused(reply: &'static [u8]) -> Parsed {
     Parsed::Refused { reply, skip: 0, close: false }
@@ -281,6 +283,11 @@ pub fn parse_request(buf: &mut BytesMut, limits: Limits) -> Parsed {
 }
 
 fn parse_line(buf: &mut BytesMut, limits: Limits) -> Parsed {
+    if buf.first() == Some(&0x80) {
+        // A binary-protocol request: its bytes cannot be read as text.
+        buf.clear();
+        return Parsed::Refused { reply: BINARY, skip: 0, close: true };
+    }
     let Some(nl) = memchr::memchr(b'\n', buf) else {
         if buf.len() > MAX_LINE {
             if let Some(partial) = get_line_start(buf, limits) {
@@ -301,6 +308,13 @@ fn parse_line(buf: &mut BytesMut, limits: Limits) -> Parsed {
         buf.advance(line_len);
         return refused(ERROR);
     };
+    if let (2, Some(meta)) = (cmd.len(), MetaCmd::from_word(cmd)) {
+        return match parse_meta(buf, meta, &line, &words, line_len, limits.max_value, limits.lenient_keys) {
+            MetaParsed::Request(m) => Parsed::Request(Request::Meta(m)),
+            MetaParsed::Incomplete => Parsed::Incomplete,
+            MetaParsed::Refused { reply, skip } => Parsed::Refused { reply, skip, close: false },
+        };
+    }
     match cmd {
         b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas" => storage(buf, &line, &words, line_len, limits),
         b"get" | b"gets" | b"gat" | b"gats" => {
@@ -549,6 +563,7 @@ impl Request {
             | Request::Delete { key, .. }
             | Request::Arith { key, .. }
             | Request::Touch { key, .. } => Some(key),
+            Request::Meta(m) if m.cmd != MetaCmd::Noop => Some(&m.real_key),
             _ => None,
         }
     }
@@ -626,6 +641,7 @@ impl Request {
             Request::Verbosity { .. } => out.put_slice(b"verbosity 1\r\n"),
             Request::Stats { .. } => out.put_slice(b"stats\r\n"),
             Request::Quit => out.put_slice(b"quit\r\n"),
+            Request::Meta(m) => m.encode(out, true),
         }
     }
 }

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use super::reply::{has_values, is_values, values, LINE, VALUES};
+use super::meta::{MetaCmd, MetaRequest};
+use super::reply::{has_values, is_values, values, LINE, META, META_TO_MN, VALUES};
 use super::request::{parse_more_keys, skip_discarded};
 use super::{parse_request, Limits, Parsed, Request, RetrievalCmd};
 use crate::backend::{BackendError, Reply, Requester, Server};
@@ -146,7 +147,65 @@ impl MemcacheSession {
             Request::Verbosity { noreply: false } => ready(b"OK\r\n"),
             Request::Stats { group } => ready_owned(stats_reply(&self.pool, &self.shared, group.as_deref())),
             Request::Quit => nothing(),
+            Request::Meta(m) => self.meta(m).await,
         }
+    }
+
+    /// A meta command: to its key's server with its flags as sent, except
+    /// `q`: the server is asked for every reply (so replies stay matched to
+    /// requests) and the ones `q` leaves out are dropped here, as memcached
+    /// would have left them out. `ma` with `q` and `N` goes with `q` and an
+    /// `mn` (the server alone knows whether it created the key, a reply `q`
+    /// keeps). `mn` is answered here, after everything before it.
+    async fn meta(&self, m: MetaRequest) -> PendingReply {
+        let c = self.pool.counters();
+        c.cmd_meta.fetch_add(1, Relaxed);
+        match m.cmd {
+            MetaCmd::Noop => return ready(b"MN\r\n"),
+            MetaCmd::Get => {
+                c.cmd_get.fetch_add(1, Relaxed);
+                c.get_keys.fetch_add(1, Relaxed);
+            }
+            MetaCmd::Set => {
+                c.cmd_set.fetch_add(1, Relaxed);
+            }
+            _ => {}
+        }
+        let Some((server, load)) = self.pool.acquire(&m.real_key) else {
+            self.forward_error();
+            return ready(NO_SERVER);
+        };
+        let to_mn = m.cmd == MetaCmd::Arith && m.quiet && m.has(b'N');
+        let mut data = BytesMut::new();
+        m.encode(&mut data, to_mn);
+        if to_mn {
+            data.extend_from_slice(b"mn\r\n");
+        }
+        let framing = if to_mn { META_TO_MN } else { META };
+        let pending = server.submit(data.freeze(), framing, &self.requester).await;
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let result = server.finish(pending).await;
+            drop(load);
+            let c = pool.counters();
+            let reply = match result {
+                Ok(Reply::Whole(reply)) if to_mn => reply.slice(..reply.len().saturating_sub(b"MN\r\n".len())),
+                Ok(Reply::Whole(reply)) => reply,
+                Ok(Reply::Stream(_)) => Bytes::from_static(UNEXPECTED),
+                Err(e) => {
+                    c.errors.fetch_add(1, Relaxed);
+                    c.forward_errors.fetch_add(1, Relaxed);
+                    return Some(crate::conn::Out::Bytes(server_error(&server, &e)));
+                }
+            };
+            if m.cmd == MetaCmd::Get && (reply.starts_with(b"VA ") || reply.starts_with(b"HD")) {
+                c.get_hits.fetch_add(1, Relaxed);
+            }
+            if reply.starts_with(b"CLIENT_ERROR") || reply.starts_with(b"SERVER_ERROR") || reply.starts_with(b"ERROR") {
+                c.errors.fetch_add(1, Relaxed);
+            }
+            (!reply.is_empty() && (to_mn || !m.quiet_drops(&reply))).then_some(crate::conn::Out::Bytes(reply))
+        })
     }
 
     /// Counts a request answered with an error the proxy made up.

@@ -22,6 +22,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use super::request::skip_discarded;
+
+mod meta;
 use super::{parse_more_keys, parse_request, ArithOp, Limits, Parsed, Request, RetrievalCmd, StorageCmd};
 
 /// Largest value a shard stores (memcached's default item size limit).
@@ -37,6 +39,32 @@ struct Item {
     flags: u32,
     cas: u64,
     expires: Option<Instant>,
+    /// Read since it was stored (meta `h`).
+    fetched: bool,
+    /// Last read or stored (meta `l`).
+    accessed: Instant,
+    /// Marked stale (`md ... I`, or a set with an old CAS and `I`).
+    stale: bool,
+    /// A client was told it won the right to recache it (meta `W`).
+    won: bool,
+    /// Stored under a base64 key (`b`): its key is shown in base64.
+    binary_key: bool,
+}
+
+impl Item {
+    fn new(data: Bytes, flags: u32, cas: u64, expires: Option<Instant>) -> Item {
+        Item {
+            data,
+            flags,
+            cas,
+            expires,
+            fetched: false,
+            accessed: Instant::now(),
+            stale: false,
+            won: false,
+            binary_key: false,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -151,6 +179,10 @@ impl Store {
                             }
                         }
                     }
+                    if let Some(mut stored) = seg.get_mut(&key[..]) {
+                        stored.fetched = true;
+                        stored.accessed = Instant::now();
+                    }
                     drop(seg);
                     self.hits.fetch_add(1, Relaxed);
                     out.extend_from_slice(b"VALUE ");
@@ -206,7 +238,8 @@ impl Store {
                                     ArithOp::Decr => v.saturating_sub(*delta),
                                 };
                                 let text = v.to_string();
-                                let item = Item { data: Bytes::from(text.clone()), cas: self.cas(), ..item };
+                                let item =
+                                    Item { data: Bytes::from(text.clone()), cas: self.cas(), stale: false, ..item };
                                 seg.insert(key.clone(), item);
                                 out.extend_from_slice(text.as_bytes());
                                 b"\r\n"
@@ -243,6 +276,10 @@ impl Store {
                 b"END\r\n"
             }
             Request::Quit => b"",
+            Request::Meta(m) => {
+                self.execute_meta(m, out);
+                b""
+            }
         };
         out.extend_from_slice(reply);
     }
@@ -261,8 +298,7 @@ impl Store {
                 _ => b"STORED\r\n",
             };
         };
-        let new_item =
-            |data: Bytes, flags: u32, expires: Option<Instant>| Item { data, flags, cas: self.cas(), expires };
+        let new_item = |data: Bytes, flags: u32, expires: Option<Instant>| Item::new(data, flags, self.cas(), expires);
         let item = match (cmd, existing) {
             (StorageCmd::Set, _) | (StorageCmd::Add, None) | (StorageCmd::Replace, Some(_)) => {
                 new_item(data.clone(), flags, expires)
@@ -427,7 +463,7 @@ where
 mod tests {
     use super::*;
 
-    fn run(store: &Store, input: &[u8]) -> String {
+    pub(super) fn run(store: &Store, input: &[u8]) -> String {
         let mut buf = BytesMut::from(input);
         let mut out = BytesMut::new();
         while let Parsed::Request(req) = parse_request(&mut buf, SHARD_LIMITS) {
