@@ -273,7 +273,7 @@ pub(super) fn parse_meta(
         return refuse(buf, TOO_LARGE);
     }
     if buf.len() < line_len + len + 2 {
-        buf.reserve(line_len + len + 2 - buf.len());
+        buf.reserve((line_len + len + 2 - buf.len()).min(1 << 20));
         return MetaParsed::Incomplete;
     }
     if &buf[line_len + len..line_len + len + 2] != b"\r\n" {

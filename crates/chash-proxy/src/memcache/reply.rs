@@ -74,10 +74,12 @@ fn meta_reply_end(buf: &mut BytesMut, from: usize) -> Result<Option<usize>, Stri
         return Ok(Some(end));
     }
     let len = trim_crlf(line)[3..].split(|&b| b == b' ').next().and_then(|l| std::str::from_utf8(l).ok());
-    let Some(len) = len.and_then(|l| l.parse::<usize>().ok()) else { return Err("bad VA length".into()) };
+    let Some(len) = len.and_then(|l| l.parse::<usize>().ok()).filter(|&l| l <= MAX_VALUE_LEN) else {
+        return Err("bad VA length".into());
+    };
     let block_end = end + len + 2;
     if buf.len() < block_end {
-        buf.reserve(block_end - buf.len());
+        reserve_for(buf, block_end);
         return Ok(None);
     }
     if &buf[end + len..block_end] != b"\r\n" {
@@ -136,6 +138,17 @@ pub fn has_values(reply: &[u8]) -> bool {
 
 const MAX_REPLY_LINE: usize = 64 * 1024;
 
+/// The largest value a memcached server can hold (`-I` goes up to 1 GiB):
+/// a reply announcing more is not from a memcached.
+const MAX_VALUE_LEN: usize = 1 << 30;
+
+/// Makes room for a reply of `end` bytes as it arrives: at most 1 MiB
+/// ahead, so that what a server announces is not allocated before it is
+/// sent.
+fn reserve_for(buf: &mut BytesMut, end: usize) {
+    buf.reserve((end - buf.len()).min(1 << 20));
+}
+
 fn is_error_line(line: &[u8]) -> bool {
     line == b"ERROR" || line.starts_with(b"CLIENT_ERROR") || line.starts_with(b"SERVER_ERROR")
 }
@@ -170,12 +183,13 @@ fn values_reply(buf: &mut BytesMut) -> Frame {
         else {
             return Frame::Invalid(format!("unexpected reply line {:?}", String::from_utf8_lossy(line)));
         };
-        let Some(len) = std::str::from_utf8(len).ok().and_then(|l| l.parse::<usize>().ok()) else {
+        let len = std::str::from_utf8(len).ok().and_then(|l| l.parse::<usize>().ok());
+        let Some(len) = len.filter(|&l| l <= MAX_VALUE_LEN) else {
             return Frame::Invalid("bad VALUE length".into());
         };
         let block_end = end + len + 2;
         if buf.len() < block_end {
-            buf.reserve(block_end - buf.len());
+            reserve_for(buf, block_end);
             return Frame::Incomplete;
         }
         if &buf[end + len..block_end] != b"\r\n" {
@@ -226,5 +240,11 @@ mod tests {
         assert!(matches!(META.parse(&mut b), Frame::Invalid(_)));
         let mut b = BytesMut::from(&b"VA 1\r\nxyz"[..]);
         assert!(matches!(META.parse(&mut b), Frame::Invalid(_)));
+        // A length no memcached sends (found by fuzzing: it was allocated).
+        let mut b = BytesMut::from(&b"VA 211444444444\n2"[..]);
+        assert!(matches!(META.parse(&mut b), Frame::Invalid(_)));
+        let mut b = BytesMut::from(&b"VALUE k 0 211444444\r\nx"[..]);
+        assert_eq!(VALUES.parse(&mut b), Frame::Incomplete);
+        assert!(b.capacity() < 4 << 20, "room for what came, not for what was announced");
     }
 }

@@ -466,7 +466,7 @@ fn storage(buf: &mut BytesMut, line: &Bytes, words: &[&[u8]], line_len: usize, l
         return Parsed::Refused { reply: TOO_LARGE, skip: len + 2, close: false };
     }
     if buf.len() < line_len + len + 2 {
-        buf.reserve(line_len + len + 2 - buf.len());
+        buf.reserve((line_len + len + 2 - buf.len()).min(1 << 20));
         return Parsed::Incomplete;
     }
     if &buf[line_len + len..line_len + len + 2] != b"\r\n" {

@@ -277,7 +277,9 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
     }
     // Walk the bulk strings without consuming until all are here.
     let mut pos = end + 2;
-    let mut spans = Vec::with_capacity(n as usize);
+    // Room for what is announced only as it arrives: a header alone
+    // must not make the proxy allocate for a million arguments.
+    let mut spans = Vec::with_capacity((n as usize).min(1024));
     for i in 0..n as usize {
         if pos >= buf.len() {
             return Some(Request::Incomplete);
@@ -304,7 +306,7 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         };
         let start = end + 2;
         if buf.len() < start + len + 2 {
-            buf.reserve(start + len + 2 - buf.len());
+            buf.reserve((start + len + 2 - buf.len()).min(1 << 20));
             return Some(Request::Incomplete);
         }
         if &buf[start + len..start + len + 2] != b"\r\n" {
@@ -331,7 +333,7 @@ fn frame_end(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, Stri
     match Shape::of(kind)? {
         Shape::Line => Ok(Some(end + 2)),
         Shape::Blob => {
-            let len = int(&buf[pos + 1..end]).ok_or("bad bulk length")?;
+            let len = blob_len(&buf[pos + 1..end])?;
             if len < 0 {
                 return Ok(Some(end + 2));
             }
@@ -339,7 +341,7 @@ fn frame_end(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, Stri
             Ok((buf.len() >= stop).then_some(stop))
         }
         Shape::Aggregate { per_item, then_one } => {
-            let n = int(&buf[pos + 1..end]).ok_or("bad aggregate length")?;
+            let n = aggregate_len(&buf[pos + 1..end])?;
             let mut p = end + 2;
             for _ in 0..n.max(0) * per_item + i64::from(then_one) {
                 match frame_end(buf, p, depth + 1)? {
@@ -350,6 +352,18 @@ fn frame_end(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, Stri
             Ok(Some(p))
         }
     }
+}
+
+/// A blob's length; past 1 TiB it is not from a Redis server (and would
+/// overflow the arithmetic on it).
+fn blob_len(header: &[u8]) -> Result<i64, String> {
+    int(header).filter(|&l| l < 1 << 40).ok_or_else(|| "bad bulk length".into())
+}
+
+/// An aggregate's element count; past 2^32 it is not from a Redis server
+/// (found by fuzzing: twice a larger count overflowed).
+fn aggregate_len(header: &[u8]) -> Result<i64, String> {
+    int(header).filter(|&n| n <= 1 << 32).ok_or_else(|| "bad aggregate length".into())
 }
 
 /// How a reply frame of each type byte is laid out (RESP2 and RESP3).
@@ -437,7 +451,7 @@ impl FrameScanner {
             pos = end + 2;
             let finished = match Shape::of(kind)? {
                 Shape::Line => true,
-                Shape::Blob => match int(header).ok_or("bad bulk length")? {
+                Shape::Blob => match blob_len(header)? {
                     len if len < 0 => true,
                     len => {
                         self.bulk_left = usize::try_from(len).map_err(|_| "bad bulk length")?.saturating_add(2);
@@ -445,7 +459,7 @@ impl FrameScanner {
                     }
                 },
                 Shape::Aggregate { per_item, then_one } => {
-                    match int(header).ok_or("bad aggregate length")?.max(0) * per_item + i64::from(then_one) {
+                    match aggregate_len(header)?.max(0) * per_item + i64::from(then_one) {
                         0 => true,
                         n => {
                             if self.open.len() >= 64 {
@@ -624,6 +638,12 @@ mod tests {
 
     #[test]
     fn replies() {
+        // Counts no server sends are refused by both (found by fuzzing:
+        // twice this count overflowed and the two disagreed).
+        for bad in [&b"%8446744073709551615\r\n"[..], b"$9223372036854775800\r\n"] {
+            assert!(matches!(parse_reply(&mut BytesMut::from(bad)), Frame::Invalid(_)));
+            assert!(FrameScanner::default().scan(bad).is_err());
+        }
         let mut b = BytesMut::from(&b"*3\r\n$1\r\na\r\n$-1\r\n*1\r\n:7\r\n+OK\r\n"[..]);
         let Frame::Done(f) = parse_reply(&mut b) else { panic!() };
         let items = array_items(&f).unwrap();
