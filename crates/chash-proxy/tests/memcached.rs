@@ -847,6 +847,23 @@ fn meta_commands_answer_as_memcached_does() {
         assert_eq!(normalise(g, true), normalise(w, true), "step {i}: {:?}", meta_script()[i].send);
     }
     assert_eq!(got.len(), want.len());
+    // Counted as memcached counts them: mg as gets, ms as sets, all as meta.
+    let mut c = one.client();
+    c.send(b"stats\r\n");
+    let mut stats = HashMap::new();
+    loop {
+        let line = c.line();
+        if line == "END\r\n" {
+            break;
+        }
+        let w: Vec<&str> = line.split_whitespace().collect();
+        stats.insert(w[1].to_owned(), w[2].to_owned());
+    }
+    let stat = |name: &str| stats[name].parse::<u64>().unwrap();
+    let script = meta_script().iter().map(|s| s.send.clone()).collect::<String>();
+    let count = |prefix: &str| script.split('\n').filter(|l| l.starts_with(prefix)).count() as u64;
+    assert!(stat("cmd_meta") >= count("mg ") + count("ms ") + count("md ") + count("ma "), "{stats:?}");
+    assert!(stat("cmd_get") >= count("mg ") - 20 && stat("cmd_set") >= count("ms ") - 20, "{stats:?}");
     let four = memcacheds(4);
     let proxy4 = Proxy::start(&support::config("", &refs(&four)));
     let got = run_meta_script(proxy4.addr, false);
