@@ -19,8 +19,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use arc_swap::ArcSwap;
-use chash::ServerLine;
 use chash::{AnyPlacement, Distribution, PoolConfig, Snapshot};
+use chash::{Edit, LineState, ServerLine};
 
 use crate::backend::{Address, BackendSettings, FailureHook, Server, Setup};
 use crate::stats::{described, PerWorker, PoolCounters, PoolEvents, PoolSnapshot, ServerSnapshot};
@@ -122,10 +122,16 @@ pub enum Routing {
 /// An immutable view of the pool: members and routing.
 #[derive(Debug)]
 pub struct PoolState {
-    /// Every configured server, in config order.
+    /// Every member (active and ejected server), in config order.
     pub members: Vec<Member>,
     /// `None` when no server is live.
     pub routing: Option<Routing>,
+    /// The config's placement, before health ejections (`None` for random).
+    pub model: Option<Snapshot>,
+    /// [`PoolConfig::version`] of the config.
+    pub version: String,
+    /// The config placement's [fingerprint](Snapshot::fingerprint).
+    pub fingerprint: String,
 }
 
 static RANDOM: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
@@ -174,7 +180,17 @@ pub struct Change {
     pub moved_fraction: f64,
     /// Servers taking keys after the change.
     pub live_servers: usize,
+    /// Whether the change was written to the config file (`--persist`).
+    pub persisted: bool,
+    /// The membership version after the change.
+    pub version: String,
+    /// The placement fingerprint after the change.
+    pub fingerprint: String,
 }
+
+/// Writes a pool's membership edit to the config file (`--persist`):
+/// `(pool, edit, config before, config after)`, or why it could not.
+pub type Persist = dyn Fn(&str, &Edit, &PoolConfig, &PoolConfig) -> Result<(), String> + Send + Sync;
 
 /// Why a change to a pool was refused.
 #[derive(Debug)]
@@ -215,6 +231,13 @@ pub enum PoolError {
         /// The server line.
         line: String,
     },
+    /// The change could not be written to the config file; nothing changed.
+    Persist {
+        /// The pool.
+        pool: String,
+        /// Why.
+        why: String,
+    },
     /// A change that takes effect only after a restart (a new pool, a
     /// pool gone from the config).
     NeedsRestart {
@@ -240,6 +263,9 @@ impl fmt::Display for PoolError {
                  HOST:PORT:WEIGHT [NAME] or /socket/path:WEIGHT [NAME], e.g. 127.0.0.1:11211:1)"
             ),
             PoolError::NeedsRestart { pool, what } => write!(f, "pool {pool:?}: {what}"),
+            PoolError::Persist { pool, why } => {
+                write!(f, "pool {pool:?}: not changed, because the config file could not be updated: {why}")
+            }
         }
     }
 }
@@ -303,23 +329,31 @@ impl Pool {
             })
         };
         let mut members = Vec::new();
-        for line in &config.servers {
+        for line in config.members() {
             let address = address_of(line, &addresses, &config.name)?;
             let server = Server::start(&workers, line.clone(), address, &settings.backend, Some(on_failure.clone()));
-            members.push(Member { line: line.clone(), server, ejected: None });
+            let ejected = (line.state != LineState::Active).then_some(Ejection::Admin);
+            members.push(Member { line: line.clone(), server, ejected });
         }
-        let routing = build_routing(&config, &members)?;
+        let placeholder = PoolState {
+            members: Vec::new(),
+            routing: None,
+            model: None,
+            version: String::new(),
+            fingerprint: String::new(),
+        };
         let pool = Arc::new(Pool {
             name: config.name.clone(),
             settings,
-            config: Mutex::new(config),
+            config: Mutex::new(config.clone()),
             addresses,
-            state: ArcSwap::from_pointee(PoolState { members, routing }),
+            state: ArcSwap::from_pointee(placeholder),
             on_failure,
             counters: Arc::new(PerWorker::new(workers.count())),
             workers,
             events: PoolEvents::default(),
         });
+        pool.state.store(Arc::new(pool.state_for(&config, members)?));
         let _ = cell.set(Arc::downgrade(&pool));
         tokio::spawn(retry_task(Arc::downgrade(&pool)));
         Ok(pool)
@@ -398,132 +432,77 @@ impl Pool {
         self.config.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Applies a change to the members under the change lock, rebuilds the
-    /// routing and swaps it in, then measures what moved.
-    fn change(
-        &self,
-        what: String,
-        step_of: impl FnOnce(&PoolState) -> Result<Step, PoolError>,
-        edit: impl FnOnce(&mut PoolConfig, &mut Vec<Member>) -> Result<(), PoolError>,
-    ) -> Result<Change, PoolError> {
-        self.apply(what, Measure::Always, step_of, edit)
-    }
-
-    fn apply(
-        &self,
-        what: String,
-        measure: Measure,
-        step_of: impl FnOnce(&PoolState) -> Result<Step, PoolError>,
-        edit: impl FnOnce(&mut PoolConfig, &mut Vec<Member>) -> Result<(), PoolError>,
-    ) -> Result<Change, PoolError> {
-        let mut config = self.lock();
-        let old = self.state.load_full();
-        let step = step_of(&old)?;
-        let mut members = old.members.clone();
-        let mut next_config = config.clone();
-        edit(&mut next_config, &mut members)?;
-        let routing = next_routing(old.routing.as_ref(), step, &next_config, &members)?;
-        let live_servers = members.iter().filter(|m| m.ejected.is_none()).count();
-        *config = next_config;
-        let new = Arc::new(PoolState { members, routing });
-        self.state.store(new.clone());
-        drop(config);
-        self.events.membership_changes.fetch_add(1, Relaxed);
-        let moved_fraction = moved_fraction(&old, &new, measure);
-        tracing::info!(pool = %self.name, moved = format!("{:.4}", moved_fraction), live_servers, "{what}");
-        Ok(Change { change: what, moved_fraction, live_servers })
-    }
-
-    /// Adds a server.
+    /// Applies a membership edit: the pool's config changes by
+    /// [`PoolConfig::apply`] (the same change the config file gets), the
+    /// placement is built from the new config, and it is swapped in.
+    /// `persist` writes the change to the config file first; when it fails
+    /// nothing changes.
     ///
     /// # Errors
-    /// A duplicate id, or a placement that cannot be built.
+    /// An edit the pool refuses ([`PoolConfig::apply`]), a server that
+    /// cannot be reached, or the file write's error.
+    pub fn edit(&self, edit: &Edit, persist: Option<&Persist>) -> Result<Change, PoolError> {
+        let mut config = self.lock();
+        let old = self.state.load_full();
+        let (next, _) =
+            config.apply(edit).map_err(|source| PoolError::Placement { pool: self.name.clone(), source })?;
+        let members = self.members_for(&next, &old.members)?;
+        let new = self.state_for(&next, members)?;
+        let persisted = match persist {
+            Some(write) => {
+                write(&self.name, edit, &config, &next)
+                    .map_err(|why| PoolError::Persist { pool: self.name.clone(), why })?;
+                true
+            }
+            None => false,
+        };
+        *config = next;
+        let mut change = self.swap(edit.to_string(), Measure::Always, &old, new, config);
+        change.persisted = persisted;
+        if !persisted {
+            tracing::info!(pool = %self.name, "{}: not persisted (the config file still has the old membership)", change.change);
+        }
+        Ok(change)
+    }
+
+    /// Adds a server (in memory only; see [`Pool::edit`]).
+    ///
+    /// # Errors
+    /// As [`Pool::edit`].
     pub fn add_server(&self, line: ServerLine) -> Result<Change, PoolError> {
-        let what = format!("added server {line}");
-        let node = line.to_node().map_err(PoolError::ServerLine)?;
-        self.change(
-            what,
-            |_| Ok(Step::Add(node)),
-            |config, members| {
-                if members.iter().any(|m| m.line.id == line.id) {
-                    return Err(PoolError::DuplicateServer { pool: config.name.clone(), id: line.id.clone() });
-                }
-                let server = self.start_server(line.clone())?;
-                config.servers.push(line.clone());
-                members.push(Member { line, server, ejected: None });
-                Ok(())
-            },
-        )
+        self.edit(&Edit::Add(line), None)
     }
 
     /// Removes a server; requests already sent to it complete.
     ///
     /// # Errors
-    /// An unknown id.
+    /// As [`Pool::edit`].
     pub fn remove_server(&self, id: &str) -> Result<Change, PoolError> {
-        self.change(
-            format!("removed server {id}"),
-            |st| Ok(live_step(st, id, Step::Remove(id.to_owned()))),
-            |config, members| {
-                let at = find(members, id, &config.name)?;
-                members.remove(at);
-                config.servers.retain(|s| s.id != id);
-                Ok(())
-            },
-        )
+        self.edit(&Edit::Remove(id.to_owned()), None)
     }
 
     /// Changes a server's weight.
     ///
     /// # Errors
-    /// An unknown id or weight 0.
+    /// As [`Pool::edit`].
     pub fn set_weight(&self, id: &str, weight: u32) -> Result<Change, PoolError> {
-        if weight == 0 {
-            return Err(PoolError::ZeroWeight);
-        }
-        let step =
-            |st: &PoolState| -> Result<Step, PoolError> { Ok(live_step(st, id, Step::Weight(id.to_owned(), weight))) };
-        self.change(format!("server {id} weight {weight}"), step, |config, members| {
-            let at = find(members, id, &config.name)?;
-            members[at].line.weight = weight;
-            for s in &mut config.servers {
-                if s.id == id {
-                    s.weight = weight;
-                }
-            }
-            Ok(())
-        })
+        self.edit(&Edit::Weight(id.to_owned(), weight), None)
     }
 
     /// Ejects a server until [`restore`](Pool::restore) (its keys move to the others).
     ///
     /// # Errors
-    /// An unknown id.
+    /// As [`Pool::edit`].
     pub fn eject(&self, id: &str) -> Result<Change, PoolError> {
-        self.change(
-            format!("ejected server {id}"),
-            |st| Ok(live_step(st, id, Step::Remove(id.to_owned()))),
-            |config, members| {
-                let at = find(members, id, &config.name)?;
-                members[at].ejected = Some(Ejection::Admin);
-                members[at].server.events.ejections.fetch_add(1, Relaxed);
-                Ok(())
-            },
-        )
+        self.edit(&Edit::Eject(id.to_owned()), None)
     }
 
     /// Brings an ejected server back.
     ///
     /// # Errors
-    /// An unknown id.
+    /// As [`Pool::edit`].
     pub fn restore(&self, id: &str) -> Result<Change, PoolError> {
-        let step = |st: &PoolState| -> Result<Step, PoolError> { restore_step(st, id, &self.name) };
-        self.change(format!("restored server {id}"), step, |config, members| {
-            let at = find(members, id, &config.name)?;
-            members[at].ejected = None;
-            members[at].server.reset_failures();
-            Ok(())
-        })
+        self.edit(&Edit::Restore(id.to_owned()), None)
     }
 
     /// Replaces the pool's placement settings and servers with a reloaded
@@ -531,25 +510,98 @@ impl Pool {
     /// restart). Servers with the same id keep their connections.
     ///
     /// # Errors
-    /// A placement that cannot be built; the pool is then unchanged.
+    /// A file that renumbers an order-dependent placement
+    /// ([`PoolConfig::check_reload`]) or a placement that cannot be built;
+    /// the pool is then unchanged.
     pub fn reload(&self, new: PoolConfig) -> Result<Change, PoolError> {
-        self.change(
-            "reloaded the config".into(),
-            |_| Ok(Step::Rebuild),
-            |config, members| {
-                let mut next = Vec::new();
-                for line in &new.servers {
-                    let member = match members.iter().find(|m| m.line.id == line.id) {
-                        Some(m) => Member { line: line.clone(), server: m.server.clone(), ejected: m.ejected },
-                        None => Member { line: line.clone(), server: self.start_server(line.clone())?, ejected: None },
-                    };
-                    next.push(member);
-                }
-                *members = next;
-                *config = new;
-                Ok(())
-            },
-        )
+        let mut config = self.lock();
+        let old = self.state.load_full();
+        let err = |source| PoolError::Placement { pool: self.name.clone(), source };
+        config.check_reload(&new).map_err(err)?;
+        let members = self.members_for(&new, &old.members)?;
+        let state = self.state_for(&new, members)?;
+        *config = new;
+        Ok(self.swap("reloaded the config".into(), Measure::Always, &old, state, config))
+    }
+
+    /// The members of `config` (its active and ejected servers): the
+    /// running servers of `old` kept by id, new ones started; health
+    /// ejections of servers that still take keys carried over.
+    fn members_for(&self, config: &PoolConfig, old: &[Member]) -> Result<Vec<Member>, PoolError> {
+        let mut members = Vec::new();
+        for line in config.members() {
+            let before = old.iter().find(|m| m.line.id == line.id);
+            let server = match before {
+                Some(m) => m.server.clone(),
+                None => self.start_server(line.clone())?,
+            };
+            let ejected = match (line.state, before.and_then(|m| m.ejected)) {
+                (LineState::Active, Some(Ejection::Auto(t))) => Some(Ejection::Auto(t)),
+                (LineState::Active, _) => None,
+                _ => Some(Ejection::Admin),
+            };
+            members.push(Member { line: line.clone(), server, ejected });
+        }
+        Ok(members)
+    }
+
+    /// The state for `config` and `members`: the config's placement, then
+    /// without the servers health has ejected.
+    fn state_for(&self, config: &PoolConfig, members: Vec<Member>) -> Result<PoolState, PoolError> {
+        let err = |source| PoolError::Placement { pool: self.name.clone(), source };
+        let model = match config.distribution {
+            Distribution::Random => None,
+            _ => Some(config.snapshot().map_err(err)?),
+        };
+        let routing = routing_of(config, model.as_ref(), &members)?;
+        let fingerprint = model.as_ref().map_or_else(|| "random".to_owned(), Snapshot::fingerprint);
+        Ok(PoolState { members, routing, model, version: config.version(), fingerprint })
+    }
+
+    /// Swaps `new` in (`config`, the change lock, held until then), counts
+    /// and logs the change and what it moved.
+    fn swap(
+        &self,
+        what: String,
+        measure: Measure,
+        old: &PoolState,
+        new: PoolState,
+        config: std::sync::MutexGuard<'_, PoolConfig>,
+    ) -> Change {
+        let live_servers = new.live().count();
+        let (version, fingerprint) = (new.version.clone(), new.fingerprint.clone());
+        let new = Arc::new(new);
+        self.state.store(new.clone());
+        drop(config);
+        self.events.membership_changes.fetch_add(1, Relaxed);
+        let moved_fraction = moved_fraction(old, &new, measure);
+        tracing::info!(pool = %self.name, moved = format!("{:.4}", moved_fraction), live_servers, version = %version, "{what}");
+        Change { change: what, moved_fraction, live_servers, persisted: false, version, fingerprint }
+    }
+
+    /// A health change: the members' ejections as `mark` sets them, the
+    /// routing the placement without the servers health ejected (the
+    /// config, its version and fingerprint stay).
+    fn health_change(
+        &self,
+        what: String,
+        mark: impl FnOnce(&mut Vec<Member>) -> Result<(), PoolError>,
+    ) -> Result<Change, PoolError> {
+        let config = self.lock();
+        let old = self.state.load_full();
+        let mut members = old.members.clone();
+        mark(&mut members)?;
+        let routing = routing_of(&config, old.model.as_ref(), &members)?;
+        let new = PoolState {
+            members,
+            routing,
+            model: old.model.clone(),
+            version: old.version.clone(),
+            fingerprint: old.fingerprint.clone(),
+        };
+        // On a connection's thread: only an exact (cheap) measure of what
+        // moved, no sampling.
+        Ok(self.swap(what, Measure::ExactOnly, &old, new, config))
     }
 
     /// The server for `key`, holding one unit of load on it until the
@@ -574,12 +626,9 @@ impl Pool {
             return;
         }
         let until = Instant::now() + self.settings.retry_timeout;
-        let step = |st: &PoolState| -> Result<Step, PoolError> { Ok(live_step(st, id, Step::Remove(id.to_owned()))) };
-        // On a connection's thread: only an exact (cheap) measure of what
-        // moved, no sampling.
         let what = format!("auto-ejected failing server {id}");
-        let result = self.apply(what, Measure::ExactOnly, step, |config, members| {
-            let at = find(members, id, &config.name)?;
+        let result = self.health_change(what, |members| {
+            let at = find(members, id, &self.name)?;
             if members[at].ejected.is_some() {
                 return Err(PoolError::AlreadyEjected(id.to_owned()));
             }
@@ -609,10 +658,9 @@ impl Pool {
             .map(|m| m.line.id.clone())
             .collect();
         for id in due {
-            let step = |st: &PoolState| -> Result<Step, PoolError> { restore_step(st, &id, &self.name) };
             let what = format!("retrying ejected server {id}");
-            let _ = self.apply(what, Measure::ExactOnly, step, |config, members| {
-                let at = find(members, &id, &config.name)?;
+            let _ = self.health_change(what, |members| {
+                let at = find(members, &id, &self.name)?;
                 members[at].ejected = None;
                 members[at].server.probation();
                 Ok(())
@@ -671,42 +719,6 @@ async fn retry_task(pool: std::sync::Weak<Pool>) {
     }
 }
 
-/// `step` if server `id` takes keys now, else no routing change.
-fn live_step(state: &PoolState, id: &str, step: Step) -> Step {
-    if state.members.iter().any(|m| m.line.id == id && m.ejected.is_none()) {
-        step
-    } else {
-        Step::Same
-    }
-}
-
-/// Adding back server `id` if it is out.
-fn restore_step(state: &PoolState, id: &str, pool: &str) -> Result<Step, PoolError> {
-    let member = state
-        .members
-        .iter()
-        .find(|m| m.line.id == id)
-        .ok_or_else(|| PoolError::UnknownServer { pool: pool.to_owned(), id: id.to_owned() })?;
-    if member.ejected.is_none() {
-        return Ok(Step::Same);
-    }
-    Ok(Step::Add(member.line.to_node().map_err(PoolError::ServerLine)?))
-}
-
-/// How a change moves the routing.
-enum Step {
-    /// Build it anew from the config (reloads).
-    Rebuild,
-    /// Keep the placement (the change does not touch a live server).
-    Same,
-    /// The placement's own "add this node" (merge, append, anchor's next bucket).
-    Add(chash::Node),
-    /// The placement's own "remove this node".
-    Remove(String),
-    /// The placement's own re-weighting.
-    Weight(String, u32),
-}
-
 /// Load held on a server of a `bounded` pool; given back on drop.
 pub struct LoadRelease {
     pool: Arc<Pool>,
@@ -723,50 +735,30 @@ impl Drop for LoadRelease {
     }
 }
 
-/// The routing after a change: the placement's own incremental change when
-/// there is one (so anchor keeps its bucket history and the ring merges),
-/// else a fresh build.
-fn next_routing(
-    old: Option<&Routing>,
-    step: Step,
-    config: &PoolConfig,
-    members: &[Member],
-) -> Result<Option<Routing>, PoolError> {
-    let Some(Routing::Placed { snapshot, .. }) = old else { return build_routing(config, members) };
-    // twemproxy rebuilds its distributions from the server list (in its
-    // name order) on every change; so does chash for them.
-    if matches!(config.distribution, Distribution::Ketama | Distribution::Modula) {
-        return build_routing(config, members);
-    }
-    let err = |source: chash::Error| PoolError::Placement { pool: config.name.clone(), source };
-    let snapshot = match step {
-        Step::Rebuild => return build_routing(config, members),
-        Step::Same => snapshot.clone(),
-        Step::Add(node) => snapshot.with_node(node).map_err(err)?,
-        Step::Remove(id) => {
-            if snapshot.nodes().len() == 1 {
-                return Ok(None);
-            }
-            snapshot.without_node(&id).map_err(err)?
-        }
-        Step::Weight(id, w) => snapshot.with_weight(&id, w).map_err(err)?,
-    };
-    placed(snapshot, config, members).map(Some)
-}
-
-/// The routing over the members that are not ejected.
-fn build_routing(config: &PoolConfig, members: &[Member]) -> Result<Option<Routing>, PoolError> {
+/// Where keys go: the config's placement (`model`; admin ejections are
+/// part of it), without the servers health has ejected (each removed by
+/// the placement's own change, so a pool agrees with its peers on every
+/// key of a server that is up). `None` when no server takes keys.
+fn routing_of(config: &PoolConfig, model: Option<&Snapshot>, members: &[Member]) -> Result<Option<Routing>, PoolError> {
     let live: Vec<usize> = (0..members.len()).filter(|&i| members[i].ejected.is_none()).collect();
     if live.is_empty() {
         return Ok(None);
     }
-    if config.distribution == Distribution::Random {
-        return Ok(Some(Routing::Random(live)));
+    let Some(model) = model else { return Ok(Some(Routing::Random(live))) };
+    let mut snapshot = model.clone();
+    for m in members.iter().filter(|m| matches!(m.ejected, Some(Ejection::Auto(_)))) {
+        if snapshot.nodes().iter().all(|n| n.id() != m.line.id) {
+            continue;
+        }
+        if snapshot.nodes().len() == 1 {
+            return Ok(None);
+        }
+        match snapshot.without_node(&m.line.id) {
+            Ok(s) => snapshot = s,
+            // (jump cannot leave out a server in the middle: it keeps it.)
+            Err(e) => tracing::warn!(pool = %config.name, server = %m.line.id, "cannot route around it: {e}"),
+        }
     }
-    let mut live_config = config.clone();
-    live_config.servers = live.iter().map(|&i| members[i].line.clone()).collect();
-    let snapshot =
-        live_config.snapshot().map_err(|source| PoolError::Placement { pool: config.name.clone(), source })?;
     placed(snapshot, config, members).map(Some)
 }
 
@@ -776,7 +768,7 @@ fn placed(snapshot: Snapshot, config: &PoolConfig, members: &[Member]) -> Result
     let to_member = snapshot
         .nodes()
         .iter()
-        .map(|n| members.iter().position(|m| m.line.id == n.id() && m.ejected.is_none()))
+        .map(|n| members.iter().position(|m| m.line.id == n.id()))
         .collect::<Option<Vec<usize>>>()
         .ok_or_else(|| PoolError::Placement {
             pool: config.name.clone(),

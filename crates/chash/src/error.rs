@@ -57,6 +57,9 @@ pub enum Error {
     },
     /// A configuration file that cannot be used.
     Config(String),
+    /// A membership change that cannot be made (an unknown server, or one
+    /// the placement cannot express), with what to do instead.
+    Change(String),
     /// The algorithm places keys on equal nodes only, and a node has another weight.
     WeightsUnsupported {
         /// The algorithm's `distribution:` name.
@@ -93,6 +96,7 @@ impl fmt::Display for Error {
             Error::Unsupported(what) => f.write_str(what),
             Error::Incomparable(why) => write!(f, "cannot compare placements: {why}"),
             Error::ServerLine { line, reason } => write!(f, "bad server line {line:?}: {reason}"),
+            Error::Change(why) => f.write_str(why),
             Error::Config(msg) => f.write_str(msg),
             Error::WeightsUnsupported { distribution, node, weight } => write!(
                 f,

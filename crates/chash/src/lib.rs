@@ -49,9 +49,11 @@ pub mod analysis;
 mod any_placement;
 pub mod compat;
 pub mod config;
+pub mod config_edit;
 mod distribution;
 mod error;
 pub mod hash;
+mod membership;
 mod node;
 mod placement;
 mod points;
@@ -63,11 +65,12 @@ pub use any_placement::{AnyCandidates, AnyPlacement, AnyPointRing};
 pub use distribution::{Distribution, DISTRIBUTIONS};
 pub use error::{Error, Result};
 pub use hash::KeyHasher;
-pub use node::{Node, ServerLine};
+pub use membership::{Edit, LineOp};
+pub use node::{LineState, Node, ServerLine};
 pub use placement::{Placement, PointRing};
 pub use pool_config::{PoolBuilder, PoolConfig, DEFAULT_LISTEN};
 pub use ring::{LabelPart, PointLabel, Ring, RingBuilder, RingCandidates, DEFAULT_VNODES, MAX_POINTS};
-pub use snapshot::Snapshot;
+pub use snapshot::{Snapshot, FINGERPRINT_PROBES};
 
 /// The README's Rust examples, compiled and run as doc tests.
 #[cfg(doctest)]

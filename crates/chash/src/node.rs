@@ -104,11 +104,14 @@ pub(crate) fn check_unique<T>(nodes: &[Node<T>]) -> Result<()> {
     }
 }
 
-/// One entry of a pool's `servers:` list: `ID:WEIGHT [NAME]`.
+/// One entry of a pool's `servers:` list: `ID:WEIGHT [NAME] [STATE]`.
 ///
 /// WEIGHT is the number after the last `:`; ID is everything before it
 /// (`127.0.0.1:11211`, `cache-a`, `unix:/var/run/mc.sock`). NAME is optional
-/// and separated by whitespace.
+/// and separated by whitespace. STATE, chash's own (twemproxy reads lines
+/// without it), is `ejected` (taken out by an operator, still a member),
+/// `ejected N` or `removed N` (anchor: a bucket freed N-th; see
+/// [`LineState`]). `ejected` and `removed` cannot be server names.
 ///
 /// ```
 /// use chash::ServerLine;
@@ -127,6 +130,37 @@ pub struct ServerLine {
     pub weight: u32,
     /// The optional second word.
     pub name: Option<String>,
+    /// Whether it takes keys ([`LineState::Active`], the default).
+    pub state: LineState,
+}
+
+/// What a server line stands for in the placement.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LineState {
+    /// A server that takes keys (no marker).
+    #[default]
+    Active,
+    /// A member taken out by an operator (`ejected`): it takes no keys and
+    /// can be restored. In an anchor pool `ejected N` marks the bucket its
+    /// ejection freed, N-th of the freed buckets; plain `ejected` is a member
+    /// without a bucket (another server took it).
+    Ejected(Option<u32>),
+    /// anchor only: the bucket of a server that was removed, freed N-th
+    /// (`removed N`). Not a member: the line keeps the bucket's place, so
+    /// that the servers after it keep theirs.
+    Removed(u32),
+}
+
+impl LineState {
+    /// The order in which its bucket was freed (anchor), if it holds a
+    /// freed bucket.
+    pub fn freed(self) -> Option<u32> {
+        match self {
+            LineState::Ejected(n) => n,
+            LineState::Removed(n) => Some(n),
+            LineState::Active => None,
+        }
+    }
 }
 
 impl ServerLine {
@@ -158,10 +192,34 @@ impl FromStr for ServerLine {
 
     fn from_str(line: &str) -> Result<Self> {
         let bad = |reason: &str| Error::ServerLine { line: line.to_owned(), reason: reason.to_owned() };
-        let mut words = line.split_whitespace();
-        let addr = words.next().ok_or_else(|| bad("it is empty"))?;
-        let name = words.next().map(str::to_owned);
-        if words.next().is_some() {
+        let mut words: Vec<&str> = line.split_whitespace().collect();
+        let addr = *words.first().ok_or_else(|| bad("it is empty"))?;
+        // The state marker, from the end: `ejected`, `ejected N`, `removed N`.
+        let number = |w: &str| w.parse::<u32>().ok().filter(|&n| n > 0);
+        let marker_at = words.iter().position(|&w| w == "ejected" || w == "removed");
+        let state = match marker_at {
+            None => LineState::Active,
+            Some(0) => return Err(bad("it starts with a state word")),
+            Some(at) => {
+                let order = match &words[at + 1..] {
+                    [] => None,
+                    [n] => Some(
+                        number(n)
+                            .ok_or_else(|| bad(&format!("{n:?} after {} is not an order (1, 2, ...)", words[at])))?,
+                    ),
+                    _ => return Err(bad("expected `ID:WEIGHT [NAME] [ejected [N] | removed N]`, found more words")),
+                };
+                let state = match (words[at], order) {
+                    ("ejected", n) => LineState::Ejected(n),
+                    ("removed", Some(n)) => LineState::Removed(n),
+                    _ => return Err(bad("`removed` needs the order in which its bucket was freed: `removed N`")),
+                };
+                words.truncate(at);
+                state
+            }
+        };
+        let name = words.get(1).map(|w| (*w).to_owned());
+        if words.len() > 2 {
             return Err(bad("expected `ID:WEIGHT [NAME]`, found more than two words"));
         }
         let (id, weight) =
@@ -175,7 +233,25 @@ impl FromStr for ServerLine {
         if weight == 0 {
             return Err(bad("weight 0: weights start at 1"));
         }
-        Ok(ServerLine { id: id.to_owned(), weight, name })
+        Ok(ServerLine { id: id.to_owned(), weight, name, state })
+    }
+}
+
+impl ServerLine {
+    /// A line for an active server.
+    pub fn new(id: &str, weight: u32, name: Option<&str>) -> ServerLine {
+        ServerLine { id: id.to_owned(), weight, name: name.map(str::to_owned), state: LineState::Active }
+    }
+
+    /// The same server in another state.
+    pub fn with_state(&self, state: LineState) -> ServerLine {
+        ServerLine { state, ..self.clone() }
+    }
+
+    /// Whether it is a member of the pool (active or ejected), not a freed
+    /// bucket's place.
+    pub fn is_member(&self) -> bool {
+        !matches!(self.state, LineState::Removed(_))
     }
 }
 
@@ -185,7 +261,12 @@ impl fmt::Display for ServerLine {
         if let Some(name) = &self.name {
             write!(f, " {name}")?;
         }
-        Ok(())
+        match self.state {
+            LineState::Active => Ok(()),
+            LineState::Ejected(None) => f.write_str(" ejected"),
+            LineState::Ejected(Some(n)) => write!(f, " ejected {n}"),
+            LineState::Removed(n) => write!(f, " removed {n}"),
+        }
     }
 }
 
@@ -217,7 +298,28 @@ mod tests {
         let s: ServerLine = "  10.0.0.1:6379:10   redis-1 ".parse().unwrap();
         assert_eq!(s.to_string(), "10.0.0.1:6379:10 redis-1");
         assert_eq!(s.host_port(), Some(("10.0.0.1", 6379)));
-        for bad in ["", "a", "a:0", ":1", "a:-1", "a:x", "a:1 b c", "a:99999999999"] {
+        let s: ServerLine = "10.0.0.1:11211:1 n1 ejected".parse().unwrap();
+        assert_eq!((s.name.as_deref(), s.state), (Some("n1"), LineState::Ejected(None)));
+        assert_eq!(s.to_string(), "10.0.0.1:11211:1 n1 ejected");
+        let s: ServerLine = "10.0.0.1:11211:1 removed 3".parse().unwrap();
+        assert_eq!((s.name.as_deref(), s.state), (None, LineState::Removed(3)));
+        assert_eq!(s.to_string(), "10.0.0.1:11211:1 removed 3");
+        assert_eq!("a:1 n ejected 2".parse::<ServerLine>().unwrap().state, LineState::Ejected(Some(2)));
+        for bad in [
+            "",
+            "a",
+            "a:0",
+            ":1",
+            "a:-1",
+            "a:x",
+            "a:1 b c",
+            "a:99999999999",
+            "a:1 removed",
+            "a:1 removed 0",
+            "a:1 ejected x",
+            "a:1 n removed 2 3",
+            "ejected",
+        ] {
             assert!(bad.parse::<ServerLine>().is_err(), "{bad:?} parsed");
         }
     }

@@ -14,7 +14,7 @@ use crate::compat::{twemproxy_order, Ketama, Modula, NginxChash};
 use crate::distribution::Distribution;
 use crate::ring::{PointLabel, Ring, DEFAULT_VNODES};
 use crate::snapshot::Snapshot;
-use crate::{Error, KeyHasher, Node, Result, ServerLine};
+use crate::{Error, KeyHasher, LineState, Node, Result, ServerLine};
 
 /// Where a pool listens when its config does not say.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:22121";
@@ -44,8 +44,11 @@ pub struct PoolConfig {
     pub balance_factor: f64,
     /// AnchorHash's bucket count (default 1024).
     pub anchor_capacity: u32,
-    /// Servers in the order given.
+    /// The servers that take keys, in the order given (the active lines).
     pub servers: Vec<ServerLine>,
+    /// Every line of `servers:` as written: active, ejected and (anchor)
+    /// removed ones; [`PoolConfig::apply`] changes them.
+    pub lines: Vec<ServerLine>,
     /// `HOST:PORT` to listen on (`listen`; default 127.0.0.1:22121).
     pub listen: String,
     /// Reply timeout (`timeout` in ms; none, the default: wait forever).
@@ -138,9 +141,10 @@ impl PoolConfig {
             Distribution::Maglev => AnyPlacement::Maglev(
                 Maglev::builder().hasher(self.hash).table_size(self.maglev_table_size).build(nodes)?,
             ),
-            Distribution::Anchor => {
+            Distribution::Anchor if self.lines.iter().all(|l| l.state == LineState::Active) => {
                 AnyPlacement::Anchor(Box::new(Anchor::with_capacity(nodes, self.hash, self.anchor_capacity)?))
             }
+            Distribution::Anchor => AnyPlacement::Anchor(Box::new(self.anchor()?)),
             Distribution::Multiprobe => {
                 AnyPlacement::MultiProbe(MultiProbe::with_probes(nodes, self.hash, self.probes)?)
             }
@@ -339,13 +343,13 @@ impl PoolBuilder {
         reuseport: bool
     );
 
-    /// Servers, parsed already.
+    /// Servers, parsed already (lines in any state).
     pub fn servers(mut self, servers: Vec<ServerLine>) -> Self {
         self.servers.extend(servers);
         self
     }
 
-    /// A server line `ID:WEIGHT [NAME]`, parsed at build.
+    /// A server line `ID:WEIGHT [NAME] [STATE]`, parsed at build.
     pub fn server_line(mut self, line: &str) -> Self {
         self.server_lines.push(line.to_owned());
         self
@@ -381,13 +385,11 @@ impl PoolBuilder {
                 }
             },
         };
-        let mut servers = self.servers.clone();
+        let mut lines = self.servers.clone();
         for line in &self.server_lines {
-            servers.push(line.parse()?);
+            lines.push(line.parse()?);
         }
-        if servers.is_empty() {
-            return Err(Error::Config("it has no servers".into()));
-        }
+        let servers: Vec<ServerLine> = lines.iter().filter(|l| l.state == LineState::Active).cloned().collect();
         if self.redis_db.is_some_and(|db| db > 0) && self.redis != Some(true) {
             return Err(Error::Config("redis_db is set but redis is not true".into()));
         }
@@ -425,6 +427,7 @@ impl PoolBuilder {
             balance_factor: self.balance_factor.unwrap_or(DEFAULT_BALANCE_FACTOR),
             anchor_capacity: self.anchor_capacity.unwrap_or(DEFAULT_ANCHOR_CAPACITY),
             servers,
+            lines,
             listen: self.listen.unwrap_or_else(|| DEFAULT_LISTEN.into()),
             timeout: self.timeout_ms.filter(|&t| t > 0).map(Duration::from_millis),
             backlog: self.backlog.unwrap_or(512),
@@ -440,6 +443,7 @@ impl PoolBuilder {
             tcpkeepalive: self.tcpkeepalive.unwrap_or(false),
             reuseport: self.reuseport.unwrap_or(false),
         };
+        pool.check_lines()?;
         pool.check_supported()?;
         if !matches!(
             distribution,

@@ -96,4 +96,21 @@ impl Snapshot {
     pub fn nodes(&self) -> &[Node] {
         self.placement.nodes()
     }
+
+    /// A fingerprint of the placement itself: the owners of
+    /// [`FINGERPRINT_PROBES`] fixed keys (`chash-probe:0`, ...), hashed.
+    /// Processes whose fingerprints differ place some keys differently;
+    /// equal ones place the probes alike (and, with equal
+    /// [versions](crate::PoolConfig::version), every key). 16 hex digits.
+    pub fn fingerprint(&self) -> String {
+        let mut owners = Vec::with_capacity(FINGERPRINT_PROBES * 16);
+        for i in 0..FINGERPRINT_PROBES {
+            owners.extend_from_slice(self.route(format!("chash-probe:{i}").as_bytes()).unwrap_or("").as_bytes());
+            owners.push(b'\n');
+        }
+        format!("{:016x}", hash::KeyHasher::Xxh3.hash(&owners))
+    }
 }
+
+/// How many keys a [fingerprint](Snapshot::fingerprint) probes.
+pub const FINGERPRINT_PROBES: usize = 4096;

@@ -1,0 +1,275 @@
+//! Editing a config file the way the proxy changes its pools: a membership
+//! [`Edit`] applied to one pool's `servers:` lines, everything else in the
+//! file (other pools, key order, comments, quoting) kept as written, so
+//! the file can live in version control. Writes are atomic
+//! ([`write_atomically`]).
+
+use std::path::Path;
+
+use crate::config::Config;
+use crate::membership::{Edit, LineOp};
+use crate::{Error, PoolConfig, Result, ServerLine};
+
+/// A config file's text after an edit, with the pool before and after.
+#[derive(Clone, Debug)]
+pub struct Edited {
+    /// The whole new file.
+    pub text: String,
+    /// The pool as it was.
+    pub before: PoolConfig,
+    /// The pool as it is now.
+    pub after: PoolConfig,
+}
+
+/// The pool an edit is for: `pool` when given, else the file's only pool.
+///
+/// # Errors
+/// [`Error::Config`] for an unknown pool, or no name in a file of several.
+pub fn pick_pool(config: &Config, pool: Option<&str>) -> Result<String> {
+    match pool {
+        Some(p) => {
+            config.pool(Some(p))?;
+            Ok(p.to_owned())
+        }
+        None if config.pools.len() == 1 => Ok(config.pools[0].0.clone()),
+        None => {
+            let names: Vec<&str> = config.pools.iter().map(|(n, _)| n.as_str()).collect();
+            Err(Error::Config(format!(
+                "the file has {} pools ({}): name one with --pool",
+                names.len(),
+                names.join(", ")
+            )))
+        }
+    }
+}
+
+/// Applies `edit` to pool `pool` (or the only pool) of the config `text`.
+///
+/// # Errors
+/// The file's own errors, the edit's ([`PoolConfig::apply`]), and a
+/// `servers:` list not written one `- ` line per server (a flow list
+/// `[a, b]` cannot be edited in place).
+pub fn edit_text(text: &str, pool: Option<&str>, edit: &Edit) -> Result<Edited> {
+    let config = Config::from_yaml(text)?;
+    let name = pick_pool(&config, pool)?;
+    let before = config.pool(Some(&name))?;
+    let (after, ops) = before.apply(edit)?;
+    let list = ServerList::find(text, &name, &before)?;
+    let new_text = list.apply(text, &ops);
+    // The result must read back as the edited pool, and the other pools as
+    // they were.
+    let check = Config::from_yaml(&new_text)?;
+    let reread = check.pool(Some(&name))?;
+    if reread.version() != after.version() {
+        return Err(Error::Config(format!("pool {name}: the edited file does not read back as the edit (a bug)")));
+    }
+    Ok(Edited { text: new_text, before, after })
+}
+
+/// Where one pool's `servers:` items are in the file's lines.
+struct ServerList {
+    /// Index (in the file's lines) of each item line.
+    items: Vec<usize>,
+}
+
+/// One item line taken apart: `<indent>- <quote><text><quote><rest>`.
+struct Item<'a> {
+    prefix: &'a str,
+    quote: Option<char>,
+    rest: &'a str,
+    /// `\r` when the file's lines end with CRLF.
+    cr: &'a str,
+}
+
+fn split_item(line: &str) -> Option<Item<'_>> {
+    let (line, cr) = match line.strip_suffix('\r') {
+        Some(l) => (l, "\r"),
+        None => (line, ""),
+    };
+    let trimmed = line.trim_start();
+    let after_dash = trimmed.strip_prefix('-')?;
+    if !(after_dash.is_empty() || after_dash.starts_with(' ')) {
+        return None;
+    }
+    let content_at = line.len() - after_dash.trim_start().len();
+    let prefix = &line[..content_at];
+    let content = &line[content_at..];
+    let (quote, rest) = match content.chars().next() {
+        Some(q @ ('"' | '\'')) => {
+            let end = content[1..].find(q)? + 2;
+            (Some(q), &content[end..])
+        }
+        _ => {
+            // A plain scalar ends where a comment starts.
+            let end = content.find(" #").unwrap_or(content.len());
+            let value_end = content[..end].trim_end().len();
+            (None, &content[value_end..])
+        }
+    };
+    Some(Item { prefix, quote, rest, cr })
+}
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+fn is_blank_or_comment(line: &str) -> bool {
+    let t = line.trim();
+    t.is_empty() || t.starts_with('#')
+}
+
+impl ServerList {
+    fn find(text: &str, pool: &str, config: &PoolConfig) -> Result<ServerList> {
+        let lines: Vec<&str> = text.split('\n').collect();
+        let cannot = |why: &str| Error::Config(format!("pool {pool}: cannot edit its servers in place: {why}"));
+        let names = [format!("{pool}:"), format!("\"{pool}\":"), format!("'{pool}':")];
+        let start = lines
+            .iter()
+            .position(|l| indent(l) == 0 && names.iter().any(|n| l.starts_with(n.as_str())))
+            .ok_or_else(|| cannot("its name is not a top-level key"))?;
+        let end = (start + 1..lines.len())
+            .find(|&i| indent(lines[i]) == 0 && !is_blank_or_comment(lines[i]))
+            .unwrap_or(lines.len());
+        let key = (start + 1..end)
+            .find(|&i| lines[i].trim_start().starts_with("servers:"))
+            .ok_or_else(|| cannot("it has no `servers:` key"))?;
+        let after_key = lines[key].trim_start()["servers:".len()..].trim();
+        if !(after_key.is_empty() || after_key.starts_with('#')) {
+            return Err(cannot("its servers are written as a flow list `[...]`; write one `- ` line per server"));
+        }
+        let key_indent = indent(lines[key]);
+        let mut items = Vec::new();
+        for (i, line) in lines.iter().enumerate().take(end).skip(key + 1) {
+            if is_blank_or_comment(line) {
+                continue;
+            }
+            if indent(line) < key_indent || (indent(line) == key_indent && !line.trim_start().starts_with('-')) {
+                break;
+            }
+            if split_item(line).is_none() {
+                return Err(cannot(&format!("line {} is not a `- ` item", i + 1)));
+            }
+            items.push(i);
+        }
+        if items.len() != config.lines.len() {
+            return Err(cannot("its items are not one line per server"));
+        }
+        Ok(ServerList { items })
+    }
+
+    /// The text with the operations applied to the item lines.
+    fn apply(&self, text: &str, ops: &[LineOp]) -> String {
+        let mut lines: Vec<String> = text.split('\n').map(str::to_owned).collect();
+        let mut items = self.items.clone();
+        let render = |template: &str, line: &ServerLine, keep_rest: bool| -> String {
+            let item = split_item(template).expect("an item line");
+            let body = match item.quote {
+                Some(q) => format!("{q}{line}{q}"),
+                None => line.to_string(),
+            };
+            let rest = if keep_rest { item.rest } else { "" };
+            format!("{}{body}{rest}{}", item.prefix, item.cr)
+        };
+        for op in ops {
+            match op {
+                LineOp::Replace(at, line) => {
+                    let i = items[*at];
+                    lines[i] = render(&lines[i], line, true);
+                }
+                LineOp::Delete(at) => {
+                    let i = items.remove(*at);
+                    lines.remove(i);
+                    for later in items.iter_mut().filter(|j| **j > i) {
+                        *later -= 1;
+                    }
+                }
+                LineOp::Append(line) => {
+                    let last = *items.last().expect("a pool has servers");
+                    let new = render(&lines[last], line, false);
+                    lines.insert(last + 1, new);
+                    items.push(last + 1);
+                }
+            }
+        }
+        lines.join("\n")
+    }
+}
+
+/// Writes `text` to `path` so that a reader sees the old file or the new
+/// one, never half of it: a temporary file beside the target (a symlink is
+/// followed to its file), synced, then renamed over it.
+///
+/// # Errors
+/// The file system's.
+pub fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let dir = target.parent().unwrap_or_else(|| Path::new("."));
+    let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.chash-{}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        if let Ok(meta) = std::fs::metadata(&target) {
+            std::fs::set_permissions(&tmp, meta.permissions())?;
+        }
+        std::fs::rename(&tmp, &target)?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "# The cache tier.\nweb:\n  listen: 127.0.0.1:22121\n  distribution: anchor\n  hash: xxh3\n  servers:   # one per line\n   - 10.0.0.1:11211:1 a   # rack 1\n   - \"10.0.0.2:11211:1 b\"\n   - 10.0.0.3:11211:1 c\n  timeout: 400\n\nsessions:   # the other pool\n  servers:\n  - 10.0.1.1:6379:1\n  redis: true\n";
+
+    #[test]
+    fn edits_keep_the_rest_of_the_file() {
+        let e = edit_text(FILE, Some("web"), &Edit::Remove("10.0.0.2:11211".into())).unwrap();
+        assert_eq!(e.text, FILE.replace("   - \"10.0.0.2:11211:1 b\"", "   - \"10.0.0.2:11211:1 b removed 1\""));
+        let e = edit_text(&e.text, Some("web"), &Edit::Add("10.0.0.4:11211:1 d".parse().unwrap())).unwrap();
+        assert!(e.text.contains("   - \"10.0.0.4:11211:1 d\"\n   - 10.0.0.3:11211:1 c\n"), "{}", e.text);
+        let e = edit_text(FILE, Some("web"), &Edit::Eject("10.0.0.1:11211".into())).unwrap();
+        assert!(e.text.contains("   - 10.0.0.1:11211:1 a ejected 1   # rack 1\n"), "{}", e.text);
+        let e = edit_text(FILE, Some("sessions"), &Edit::Add("10.0.1.2:6379:1".parse().unwrap())).unwrap();
+        assert!(e.text.ends_with("  - 10.0.1.1:6379:1\n  - 10.0.1.2:6379:1\n  redis: true\n"), "{}", e.text);
+        let e = edit_text(FILE, Some("web"), &Edit::Remove("10.0.0.3:11211".into())).unwrap();
+        assert_eq!(e.text, FILE.replace("   - 10.0.0.3:11211:1 c\n", ""));
+        let crlf = FILE.replace('\n', "\r\n");
+        let e = edit_text(&crlf, Some("web"), &Edit::Weight("10.0.0.3:11211".into(), 1)).unwrap();
+        assert_eq!(e.text, crlf);
+    }
+
+    #[test]
+    fn what_cannot_be_edited_says_why() {
+        let err = edit_text(FILE, None, &Edit::Remove("x".into())).unwrap_err().to_string();
+        assert!(err.contains("2 pools") && err.contains("--pool"), "{err}");
+        let flow = "p:\n  servers: [a:1, b:1]\n";
+        assert!(edit_text(flow, None, &Edit::Remove("a".into())).unwrap_err().to_string().contains("flow list"));
+        assert!(edit_text(FILE, Some("web"), &Edit::Remove("nope".into())).unwrap_err().to_string().contains("nope"));
+    }
+
+    #[test]
+    fn atomic_writes_replace_the_file() {
+        let dir = std::env::temp_dir().join(format!("chash-edit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("n.yml");
+        std::fs::write(&path, "old").unwrap();
+        let link = dir.join("link.yml");
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&path, &link).unwrap();
+        write_atomically(&link, "new").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "new");
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
