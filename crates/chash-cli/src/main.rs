@@ -8,7 +8,9 @@ use clap::{Parser, Subcommand};
 
 mod analyze;
 mod bench;
+mod config_cmd;
 mod demo;
+mod fleet;
 mod hash;
 mod keys;
 mod plan;
@@ -43,6 +45,10 @@ enum Command {
     Plan(plan::PlanArgs),
     /// Lookups per second for a placement on this machine.
     Bench(bench::BenchArgs),
+    /// Edit a config file's servers the way the proxy changes them live.
+    Config(config_cmd::ConfigArgs),
+    /// Check that a fleet of proxies places keys alike.
+    Fleet(fleet::FleetArgs),
 }
 
 /// Called as `nutcracker` (a symlink to chash), the binary is
@@ -86,6 +92,12 @@ fn main() -> ExitCode {
         Command::Analyze(args) => analyze::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Config(args) => config_cmd::run(args),
+        Command::Fleet(args) => match fleet::run(args) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
     };
     finish(result)
 }

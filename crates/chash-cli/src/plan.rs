@@ -36,9 +36,11 @@ max(0, old share - new share), shares being weight / total weight.
 When NEW differs from OLD by one server added, removed or re-weighted, with
 the same settings, and the distribution is anchor or jump, the new placement
 is OLD's changed by the algorithm's own change, as chash proxy applies it live
-(anchor keeps its bucket history; a process started on NEW instead builds it
-from scratch, which --rebuild shows). Otherwise NEW is built from scratch, as
-chash route -c NEW builds it. The output says which.
+(anchor keeps its bucket history). The output says whether a process started
+on NEW builds the same: it does when NEW was written by chash config or
+chash proxy --persist (a removed anchor server's line stays, marked `removed
+N`), not when a line was deleted by hand (--rebuild shows that placement).
+Otherwise NEW is built from scratch, as chash route -c NEW builds it.
 
 --keys-file F lists every key of F (one per line, split on LF only) that
 moves: KEY<TAB>FROM<TAB>TO, in file order, keys placed as chash route places
@@ -240,6 +242,30 @@ fn key_text(key: &[u8]) -> String {
 pub fn run(args: PlanArgs) -> Result<()> {
     let old_pool = pool_from_file(&args.from, args.pool.as_deref())?;
     let new_pool = pool_from_file(&args.to, args.pool.as_deref())?;
+    report(&args, old_pool, new_pool, &mut io::stdout().lock())
+}
+
+impl PlanArgs {
+    /// A plan with the defaults, labelled `from` and `to` (for `chash
+    /// config --plan`).
+    pub fn labelled(from: PathBuf, to: PathBuf) -> PlanArgs {
+        PlanArgs {
+            from,
+            to,
+            pool: None,
+            keys: 100_000,
+            keys_file: None,
+            rebuild: false,
+            ranges: Limit(20),
+            moves_only: false,
+            json: false,
+        }
+    }
+}
+
+/// What changing `old_pool` into `new_pool` moves, written to `out` as
+/// `chash plan` prints it.
+pub fn report(args: &PlanArgs, old_pool: PoolConfig, new_pool: PoolConfig, out: &mut dyn Write) -> Result<()> {
     if old_pool.hash != new_pool.hash {
         bail!(
             "the hash spaces differ: {} hashes keys with {}, {} with {} (plan compares placements over one hash space)",
@@ -257,14 +283,21 @@ pub fn run(args: PlanArgs) -> Result<()> {
         && change.count() == 1;
     let d = old_pool.distribution;
     let (new, incremental, method_note) = match change.apply(&old).filter(|_| incremental_kind && !args.rebuild) {
-        Some(Ok(s)) => (
-            s,
-            true,
-            format!(
-                "incremental: {d}'s own change applied to OLD's placement, as chash proxy applies it live \
-                 (a process started on NEW builds it from scratch: --rebuild)"
-            ),
-        ),
+        Some(Ok(s)) => {
+            // Does a process started on NEW agree? Files whose lines carry
+            // the change (`removed N`) do; a line deleted by hand does not.
+            let fresh = new_pool.snapshot()?;
+            let agree = if fresh.fingerprint() == s.fingerprint() {
+                "a process started on NEW builds the same placement".to_owned()
+            } else {
+                format!(
+                    "a process started on NEW builds another, which --rebuild shows; chash proxy refuses to \
+                     reload such a file: mark the server instead (chash config remove -c OLD {})",
+                    change.removed.first().map_or("ID", String::as_str)
+                )
+            };
+            (s, true, format!("incremental: {d}'s own change applied to OLD's placement, as chash proxy applies it live ({agree})"))
+        }
         Some(Err(e)) => {
             (new_pool.snapshot()?, false, format!("built from NEW from scratch ({d} cannot apply it as a change: {e})"))
         }
@@ -303,8 +336,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
         });
     }
 
-    let stdout = io::stdout();
-    let mut out = io::BufWriter::new(stdout.lock());
+    let mut out = io::BufWriter::new(out);
     if args.moves_only {
         for (key, from, to) in &moves {
             out.write_all(key)?;
@@ -442,7 +474,7 @@ pub fn run(args: PlanArgs) -> Result<()> {
     if let Some(keys) = &key_file {
         writeln!(out)?;
         let share = moves.len() as f64 / keys.len().max(1) as f64;
-        writeln!(out, "keys in {}: {} of {} move ({})", keys_path(&args), moves.len(), keys.len(), pct(share))?;
+        writeln!(out, "keys in {}: {} of {} move ({})", keys_path(args), moves.len(), keys.len(), pct(share))?;
         for (key, from, to) in &moves {
             out.write_all(key)?;
             writeln!(out, "\t{from}\t{to}")?;

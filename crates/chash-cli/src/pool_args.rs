@@ -75,6 +75,21 @@ pub fn pool_from_file(path: &Path, name: Option<&str>) -> Result<PoolConfig> {
 }
 
 impl PoolArgs {
+    /// Every pool of the file (or the one `--pool` names), or the `--node` pool.
+    ///
+    /// # Errors
+    /// As [`PoolArgs::pool`].
+    pub fn pools(&self, command: &str) -> Result<Vec<PoolConfig>> {
+        match (&self.config, &self.pool) {
+            (Some(path), None) => {
+                let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+                let config = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
+                config.pools.iter().map(|(n, _)| Ok(config.pool(Some(n))?)).collect()
+            }
+            _ => Ok(vec![self.pool(command)?]),
+        }
+    }
+
     /// The pool the arguments describe: the file's, or one built from the
     /// flags by the library's validating builder with chash's defaults.
     ///

@@ -36,7 +36,15 @@ who connects (`nc 127.0.0.1 22222`), refreshed every -i ms. chash's own
 HTTP admin endpoint (default http://127.0.0.1:22223, --admin): GET /stats,
 GET /metrics, GET /pools, POST /pools/POOL/servers (body ID:WEIGHT [NAME]),
 DELETE /pools/POOL/servers/ID, PUT /pools/POOL/servers/ID/weight,
-POST /pools/POOL/servers/ID/eject|restore, POST /reload.
+POST /pools/POOL/servers/ID/eject|restore, POST /reload. Changes made there
+live in memory unless --persist writes them back to the config file; off
+loopback the endpoint needs --admin-token-file (or --admin-insecure).
+
+The config file is watched: replaced (renamed over, a ConfigMap's symlink
+swap) or rewritten, it is reloaded within a second; a file that does not
+parse, or that would renumber an anchor or jump pool, is refused and the
+last good config stays (the error is in /stats and /metrics). --no-watch
+turns this off.
 
 Signals: SIGHUP reopens the log file (-o) and re-reads the config file
 (servers and placement change live; only the changed servers' keys move);
@@ -47,7 +55,8 @@ finish, remove the pid file and exit 0.
 Examples:
   chash proxy                                   # embedded default
   chash proxy -c nutcracker.yml -s 22222 -o /var/log/chash.log -p /run/chash.pid -d
-  chash proxy -c nutcracker.yml --test-conf"
+  chash proxy -c nutcracker.yml --test-conf
+  chash proxy -c nutcracker.yml --persist --admin 0.0.0.0:22223 --admin-token-file /etc/chash/token"
 )]
 pub struct ProxyArgs {
     /// twemproxy-style YAML config file (every pool in it is served).
@@ -80,6 +89,29 @@ pub struct ProxyArgs {
     /// Do not serve the admin endpoint.
     #[arg(long)]
     no_admin: bool,
+
+    /// A file holding the admin endpoint's token: requests that change
+    /// anything then need `Authorization: Bearer <token>` (reading stays
+    /// open). Needed to serve the admin endpoint off loopback.
+    #[arg(long, value_name = "FILE")]
+    admin_token_file: Option<PathBuf>,
+
+    /// Serve the admin endpoint on a non-loopback address without a token
+    /// (anyone who can reach it can re-point traffic).
+    #[arg(long)]
+    admin_insecure: bool,
+
+    /// Write every membership change made through the admin endpoint back
+    /// to the config file (atomically), so that a restart places keys as
+    /// the live proxy does. Without it changes live in memory only, and
+    /// each admin response and log line says so.
+    #[arg(long, requires = "config")]
+    persist: bool,
+
+    /// Do not watch the config file (by default it is reloaded when it is
+    /// replaced or rewritten, e.g. a Kubernetes ConfigMap update).
+    #[arg(long)]
+    no_watch: bool,
 
     /// Log level, as twemproxy's -v (0-11): 0-3 errors, 4 warnings, 5-6
     /// info, 7-8 debug, 9-11 trace. SIGTTIN/SIGTTOU move it by one.
@@ -398,6 +430,17 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
     options.client_buffer = args.client_buffer.max(1);
     options.client_idle_timeout = (args.client_idle_timeout > 0).then(|| Duration::from_secs(args.client_idle_timeout));
     options.config_path = args.config.clone();
+    options.persist = args.persist;
+    options.watch_config = !args.no_watch;
+    options.admin_insecure = args.admin_insecure;
+    if let Some(path) = &args.admin_token_file {
+        let token = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let token = token.trim();
+        if token.len() < 16 {
+            bail!("the admin token in {} is {} characters: use at least 16", path.display(), token.len());
+        }
+        options.admin_token = Some(token.to_owned());
+    }
     options.lenient_keys = args.lenient_keys;
     options.threads = Some(threads);
     let (specs, embedded) = match &args.config {

@@ -9,6 +9,23 @@ use clap::{Args, ValueEnum};
 use crate::keys::{for_each_key, write_json_string};
 use crate::pool_args::PoolArgs;
 
+/// `--fingerprint`: every pool of the file (or the one named, or the
+/// `--node` pool), its version and fingerprint.
+fn fingerprints(args: &RouteArgs) -> Result<()> {
+    let pools = args.pool.pools("route")?;
+    let mut out = io::stdout().lock();
+    let w = pools.iter().map(|p| p.name.len()).max().unwrap_or(0).max(4);
+    writeln!(out, "{:<w$}  {:<16}  {:<16}  servers", "pool", "version", "fingerprint")?;
+    for p in pools {
+        let fingerprint = match p.snapshot() {
+            Ok(s) => s.fingerprint(),
+            Err(_) => "random".into(),
+        };
+        writeln!(out, "{:<w$}  {:<16}  {:<16}  {}", p.name, p.version(), fingerprint, p.servers.len())?;
+    }
+    Ok(())
+}
+
 /// Output format.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -36,7 +53,8 @@ twemproxy's defaults apply (distribution ketama, hash fnv1a_64); with --node,
 chash's defaults apply (distribution ring, hash xxh3, 160 vnodes per unit of
 weight). Distributions: ring, ketama, modula, nginx, jump, rendezvous, maglev,
 anchor (or memento), multiprobe, bounded (random has no fixed placement to
-print). jump, anchor and multiprobe take equal weights only. With bounded, keys
+print). --fingerprint prints each pool's membership version and placement
+fingerprint instead (every pool of the file unless --pool names one). jump, anchor and multiprobe take equal weights only. With bounded, keys
 are placed in input order and each holds one unit of load to the end, so no
 server gets more than ceil(balance factor x mean) of them.")]
 pub struct RouteArgs {
@@ -52,12 +70,21 @@ pub struct RouteArgs {
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 
+    /// Print each pool's membership version and placement fingerprint (as
+    /// a proxy running the file reports them in /stats; `chash fleet check`
+    /// compares them) instead of routing keys.
+    #[arg(long, conflicts_with_all = ["keys", "with_hash"])]
+    fingerprint: bool,
+
     /// Keys to route; without any, keys are read from standard input.
     #[arg(value_name = "KEY")]
     keys: Vec<String>,
 }
 
 pub fn run(args: RouteArgs) -> Result<()> {
+    if args.fingerprint {
+        return fingerprints(&args);
+    }
     let snapshot = args.pool.pool("route")?.snapshot()?;
     let hasher = snapshot.placement().hasher();
     let stdout = io::stdout();

@@ -12,7 +12,11 @@
 //! | `POST /pools/POOL/servers/ID/restore` | brings it back |
 //! | `POST /reload` | re-reads the config file (as SIGHUP does) |
 //!
-//! Changes answer with the share of the key space that moved. Server ids go
+//! Changes answer with the share of the key space that moved, the new
+//! membership version and placement fingerprint, and whether the change
+//! was written to the config file (`--persist`). With a token
+//! (`--admin-token-file`), requests other than `GET` need
+//! `Authorization: Bearer <token>`. Server ids go
 //! in the path percent-encoded where needed (`/` as `%2F`). Counters come
 //! from the pools' stats snapshots, the same ones every other rendering
 //! uses.
@@ -25,6 +29,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+
+use chash::Edit;
 
 use crate::registry::Registry;
 use crate::stats::{Desc, Kind, PoolSnapshot, ServerSnapshot};
@@ -85,11 +91,22 @@ async fn handle(mut stream: TcpStream, registry: Arc<Registry>) -> std::io::Resu
     let request_line = lines.next().unwrap_or_default();
     let mut parts = request_line.split_whitespace();
     let (method, target) = (parts.next().unwrap_or_default().to_owned(), parts.next().unwrap_or("/").to_owned());
-    let length = lines
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
+    let headers: Vec<(&str, &str)> =
+        lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim(), v.trim())).collect();
+    let header = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| *v);
+    let length = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
+    if let Some(token) = &registry.shared.options.admin_token {
+        if !matches!(method.as_str(), "GET" | "HEAD") && !bearer_matches(header("authorization"), token) {
+            return write(
+                &mut stream,
+                error(
+                    401,
+                    "this request changes the proxy: it needs Authorization: Bearer <token> (--admin-token-file)",
+                ),
+            )
+            .await;
+        }
+    }
     if length > MAX_BODY {
         return write(&mut stream, error(413, "body too large")).await;
     }
@@ -108,6 +125,14 @@ async fn handle(mut stream: TcpStream, registry: Arc<Registry>) -> std::io::Resu
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
     let response = route(&registry, &method, &segs, &body);
     write(&mut stream, response).await
+}
+
+/// Whether `Authorization: Bearer <token>` carries `token` (compared in
+/// time that does not depend on where they differ).
+fn bearer_matches(header: Option<&str>, token: &str) -> bool {
+    let Some(given) = header.and_then(|h| h.strip_prefix("Bearer ")) else { return false };
+    let (a, b) = (given.trim().as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 fn route(registry: &Registry, method: &str, segs: &[&str], body: &str) -> Response {
@@ -140,23 +165,32 @@ fn route(registry: &Registry, method: &str, segs: &[&str], body: &str) -> Respon
         },
         (_, ["pools", pool, rest @ ..]) => {
             let Some(pool) = registry.pool(pool) else { return error(404, format!("no pool {pool:?}")) };
-            let result = match (method, rest) {
+            let edit = match (method, rest) {
                 ("POST", ["servers"]) => match body.parse::<chash::ServerLine>() {
-                    Ok(line) => pool.add_server(line),
+                    Ok(line) => Edit::Add(line),
                     Err(e) => return error(400, e.to_string()),
                 },
-                ("DELETE", ["servers", id]) => pool.remove_server(id),
+                ("DELETE", ["servers", id]) => Edit::Remove((*id).to_owned()),
                 ("PUT" | "POST", ["servers", id, "weight"]) => match body.parse::<u32>() {
-                    Ok(w) => pool.set_weight(id, w),
+                    Ok(w) => Edit::Weight((*id).to_owned(), w),
                     Err(_) => return error(400, format!("weight {body:?} is not a whole number from 1")),
                 },
-                ("POST", ["servers", id, "eject"]) => pool.eject(id),
-                ("POST", ["servers", id, "restore"]) => pool.restore(id),
+                ("POST", ["servers", id, "eject"]) => Edit::Eject((*id).to_owned()),
+                ("POST", ["servers", id, "restore"]) => Edit::Restore((*id).to_owned()),
                 ("GET", []) => return json_response(200, pool_json(&pool.stats(), true)),
                 _ => return error(404, format!("no such endpoint: {method} /pools/{}/{}", pool.name, rest.join("/"))),
             };
-            match result {
-                Ok(change) => json_response(200, json!(change)),
+            match registry.edit(&pool.name, &edit) {
+                Ok(change) => {
+                    let mut v = json!(change);
+                    if !change.persisted {
+                        v["note"] = json!(
+                            "not persisted: the config file still has the old membership; a proxy started from it places \
+                             keys differently (chash proxy --persist writes changes back; chash config edits the file)"
+                        );
+                    }
+                    json_response(200, v)
+                }
                 Err(e) => error(400, e.to_string()),
             }
         }
@@ -202,6 +236,9 @@ fn pool_json(p: &PoolSnapshot, counters: bool) -> Value {
         "protocol": if p.redis { "redis" } else { "memcached" },
         "servers": servers,
         "live_servers": p.live_servers,
+        "membership_version": p.version,
+        "placement_fingerprint": p.fingerprint,
+        "locally_ejected": p.locally_ejected,
     });
     if counters {
         counters_json(&mut v, &p.counters);
@@ -211,9 +248,18 @@ fn pool_json(p: &PoolSnapshot, counters: bool) -> Value {
 
 fn stats_json(registry: &Registry, counters: bool) -> Value {
     let pools: Vec<Value> = registry.stats().iter().map(|p| pool_json(p, counters)).collect();
+    let c = registry.config_status();
     json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": registry.shared.started.elapsed().as_secs(),
+        "config": {
+            "path": c.path.map(|p| p.display().to_string()),
+            "persist": c.persist,
+            "watch": c.watch,
+            "reloads": c.reloads,
+            "reload_failures": c.reload_failures,
+            "last_error": c.last_error,
+        },
         "pools": pools,
     })
 }
@@ -245,7 +291,36 @@ fn metrics(registry: &Registry) -> String {
     let _ = writeln!(out, "# HELP chash_uptime_seconds Seconds since the proxy started.");
     let _ = writeln!(out, "# TYPE chash_uptime_seconds gauge");
     let _ = writeln!(out, "chash_uptime_seconds {}", registry.shared.started.elapsed().as_secs());
+    let c = registry.config_status();
+    let _ = writeln!(out, "# HELP chash_config_reload_failures_total Config reloads refused (a file that does not parse, or that a pool refuses); the last good config stays.");
+    let _ = writeln!(out, "# TYPE chash_config_reload_failures_total counter");
+    let _ = writeln!(out, "chash_config_reload_failures_total {}", c.reload_failures);
+    let _ = writeln!(out, "# HELP chash_config_reloads_total Config reloads applied.");
+    let _ = writeln!(out, "# TYPE chash_config_reloads_total counter");
+    let _ = writeln!(out, "chash_config_reloads_total {}", c.reloads);
+    let _ = writeln!(out, "# HELP chash_config_last_reload_ok 1 when the last reload was applied (or none was tried), 0 when it was refused.");
+    let _ = writeln!(out, "# TYPE chash_config_last_reload_ok gauge");
+    let _ = writeln!(out, "chash_config_last_reload_ok {}", u8::from(c.last_error.is_none()));
     let pools = registry.stats();
+    let _ = writeln!(out, "# HELP chash_pool_membership_info The pool's membership version and placement fingerprint (equal on proxies that place keys alike).");
+    let _ = writeln!(out, "# TYPE chash_pool_membership_info gauge");
+    for p in &pools {
+        let _ = writeln!(
+            out,
+            "chash_pool_membership_info{{pool=\"{}\",version=\"{}\",fingerprint=\"{}\"}} 1",
+            label(&p.name),
+            p.version,
+            p.fingerprint
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP chash_pool_locally_ejected Servers this proxy's health checks took out (not in the version)."
+    );
+    let _ = writeln!(out, "# TYPE chash_pool_locally_ejected gauge");
+    for p in &pools {
+        let _ = writeln!(out, "chash_pool_locally_ejected{{pool=\"{}\"}} {}", label(&p.name), p.locally_ejected.len());
+    }
     let Some(first) = pools.first() else { return out };
     for (at, (d, _)) in first.counters.iter().enumerate() {
         let name = metric_name("chash_pool", d);
@@ -282,6 +357,7 @@ async fn write(stream: &mut TcpStream, r: Response) -> std::io::Result<()> {
     let reason = match r.status {
         200 => "OK",
         400 => "Bad Request",
+        401 => "Unauthorized",
         404 => "Not Found",
         413 => "Payload Too Large",
         431 => "Request Header Fields Too Large",

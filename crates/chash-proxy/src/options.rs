@@ -21,6 +21,10 @@ pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 /// proxy stops reading its requests.
 pub const DEFAULT_CLIENT_BUFFER: usize = 4 << 20;
 
+/// How often a watched config file is checked for changes; a change is
+/// applied once the file has stayed the same for one more interval.
+pub const WATCH_INTERVAL: Duration = Duration::from_millis(250);
+
 /// Default interval of twemproxy's stats aggregation (its `-i`).
 pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -46,8 +50,24 @@ pub struct ProxyOptions {
     /// reading its requests (16 times that and it is disconnected).
     /// Defaults to 4 MiB.
     pub client_buffer: usize,
-    /// The config file, for reloads (SIGHUP, `POST /reload`).
+    /// The config file, for reloads (SIGHUP, `POST /reload`, and when it
+    /// changes on disk, with `watch_config`).
     pub config_path: Option<PathBuf>,
+    /// Write every admin-endpoint membership change back to the config
+    /// file (atomically), so that a restart places keys as the live proxy
+    /// does. Defaults to false: changes live in memory only (and say so).
+    pub persist: bool,
+    /// Reload when the config file is replaced or rewritten (a rename, a
+    /// rewrite, a ConfigMap's symlink swap), checked every
+    /// [`WATCH_INTERVAL`]. Defaults to true.
+    pub watch_config: bool,
+    /// Requests to the admin endpoint that change anything need
+    /// `Authorization: Bearer <token>`; reading stays open. Defaults to
+    /// none.
+    pub admin_token: Option<String>,
+    /// Serve the admin endpoint on a non-loopback address without a token.
+    /// Defaults to false (refused at start).
+    pub admin_insecure: bool,
     /// How long a graceful shutdown waits for in-flight requests. Defaults
     /// to 5 s.
     pub drain: Duration,
@@ -71,6 +91,10 @@ impl Default for ProxyOptions {
             client_idle_timeout: None,
             client_buffer: DEFAULT_CLIENT_BUFFER,
             config_path: None,
+            persist: false,
+            watch_config: true,
+            admin_token: None,
+            admin_insecure: false,
             drain: DEFAULT_DRAIN,
             lenient_keys: false,
             threads: None,

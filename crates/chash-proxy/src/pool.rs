@@ -190,7 +190,7 @@ pub struct Change {
 
 /// Writes a pool's membership edit to the config file (`--persist`):
 /// `(pool, edit, config before, config after)`, or why it could not.
-pub type Persist = dyn Fn(&str, &Edit, &PoolConfig, &PoolConfig) -> Result<(), String> + Send + Sync;
+pub type Persist<'a> = dyn Fn(&str, &Edit, &PoolConfig, &PoolConfig) -> Result<(), String> + Send + Sync + 'a;
 
 /// Why a change to a pool was refused.
 #[derive(Debug)]
@@ -231,6 +231,8 @@ pub enum PoolError {
         /// The server line.
         line: String,
     },
+    /// No pool by that name.
+    UnknownPool(String),
     /// The change could not be written to the config file; nothing changed.
     Persist {
         /// The pool.
@@ -263,6 +265,7 @@ impl fmt::Display for PoolError {
                  HOST:PORT:WEIGHT [NAME] or /socket/path:WEIGHT [NAME], e.g. 127.0.0.1:11211:1)"
             ),
             PoolError::NeedsRestart { pool, what } => write!(f, "pool {pool:?}: {what}"),
+            PoolError::UnknownPool(pool) => write!(f, "no pool {pool:?}"),
             PoolError::Persist { pool, why } => {
                 write!(f, "pool {pool:?}: not changed, because the config file could not be updated: {why}")
             }
@@ -412,6 +415,14 @@ impl Pool {
             redis: self.settings.redis,
             live_servers: state.live().count(),
             counters: counters.collect(),
+            version: state.version.clone(),
+            fingerprint: state.fingerprint.clone(),
+            locally_ejected: state
+                .members
+                .iter()
+                .filter(|m| matches!(m.ejected, Some(Ejection::Auto(_))))
+                .map(|m| m.line.id.clone())
+                .collect(),
             servers: state
                 .members
                 .iter()
@@ -441,7 +452,7 @@ impl Pool {
     /// # Errors
     /// An edit the pool refuses ([`PoolConfig::apply`]), a server that
     /// cannot be reached, or the file write's error.
-    pub fn edit(&self, edit: &Edit, persist: Option<&Persist>) -> Result<Change, PoolError> {
+    pub fn edit(&self, edit: &Edit, persist: Option<&Persist<'_>>) -> Result<Change, PoolError> {
         let mut config = self.lock();
         let old = self.state.load_full();
         let (next, _) =

@@ -39,6 +39,12 @@ pub enum StartError {
     Workers(std::io::Error),
     /// A pool cannot place its keys.
     Pool(PoolError),
+    /// The admin endpoint, which can re-point traffic, was asked for on a
+    /// non-loopback address without a token.
+    Insecure {
+        /// The address.
+        addr: String,
+    },
     /// An address cannot be listened on.
     Listen {
         /// What it is for (`pool "alpha"`, `admin`, `stats`).
@@ -56,6 +62,11 @@ impl fmt::Display for StartError {
             StartError::Workers(e) => write!(f, "cannot start the worker threads: {e}"),
             StartError::Pool(e) => write!(f, "{e}"),
             StartError::Listen { what, addr, source } => write!(f, "{what}: cannot listen on {addr}: {source}"),
+            StartError::Insecure { addr } => write!(
+                f,
+                "the admin endpoint can change where keys go; on {addr} (not loopback) it needs a token \
+                 (--admin-token-file FILE), or --admin-insecure to serve it open"
+            ),
         }
     }
 }
@@ -66,6 +77,7 @@ impl std::error::Error for StartError {
             StartError::Workers(e) => Some(e),
             StartError::Pool(e) => Some(e),
             StartError::Listen { source, .. } => Some(source),
+            StartError::Insecure { .. } => None,
         }
     }
 }
@@ -179,7 +191,13 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         let stop = shutdown.subscribe();
         tasks.push(tokio::spawn(accept_loop(listener, pool, shared, stop)));
     }
+    if let (Some(path), true) = (&options.config_path, options.watch_config) {
+        tasks.push(tokio::spawn(crate::registry::watch(registry.clone(), path.clone(), shutdown.subscribe())));
+    }
     let admin = match options.admin_addr {
+        Some(addr) if !addr.ip().is_loopback() && options.admin_token.is_none() && !options.admin_insecure => {
+            return Err(StartError::Insecure { addr: addr.to_string() });
+        }
         Some(addr) => {
             let listener = bind_tcp("admin endpoint", addr).await?;
             let local = listener.local_addr().ok();

@@ -1,12 +1,17 @@
-//! The running pools by name, and reloading them from the config file.
+//! The running pools by name; reloading them from the config file (on
+//! request, and when the file changes: [`watch`]) and writing membership
+//! changes back to it (`--persist`).
 
 use std::fmt;
-use std::path::PathBuf;
-use std::sync::{Arc, RwLock};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
 
 use chash::config::Config;
+use chash::{Edit, KeyHasher, PoolConfig};
+use tokio::sync::watch as signal;
 
-use crate::options::Shared;
+use crate::options::{Shared, WATCH_INTERVAL};
 use crate::pool::{Change, Pool, PoolError};
 use crate::stats::PoolSnapshot;
 
@@ -61,11 +66,117 @@ pub struct Registry {
     /// Process-wide settings.
     pub shared: Arc<Shared>,
     pools: RwLock<Vec<Arc<Pool>>>,
+    file: FileState,
+}
+
+/// What the proxy knows of its config file.
+#[derive(Debug, Default)]
+struct FileState {
+    /// Held while the file is read for a reload or written for a change.
+    lock: Mutex<()>,
+    /// The hash of the content last read or written (the watcher reloads
+    /// when the file's differs).
+    known: AtomicU64,
+    /// Why the last reload was refused, if it was.
+    last_error: Mutex<Option<String>>,
+    /// Reloads refused (a file that does not parse, or that a pool refuses).
+    failures: AtomicU64,
+    /// Reloads applied.
+    reloads: AtomicU64,
+}
+
+/// The config file's state, for the stats.
+#[derive(Clone, Debug)]
+pub struct ConfigStatus {
+    /// The file, if the proxy was started from one.
+    pub path: Option<PathBuf>,
+    /// Why the last reload was refused (`None`: it was applied).
+    pub last_error: Option<String>,
+    /// Reloads refused so far.
+    pub reload_failures: u64,
+    /// Reloads applied so far.
+    pub reloads: u64,
+    /// Whether admin changes are written back (`--persist`).
+    pub persist: bool,
+    /// Whether the file is watched for changes.
+    pub watch: bool,
+}
+
+fn content_hash(text: &str) -> u64 {
+    KeyHasher::Xxh3.hash(text.as_bytes())
 }
 
 impl Registry {
     pub(crate) fn new(shared: Arc<Shared>, pools: Vec<Arc<Pool>>) -> Registry {
-        Registry { shared, pools: RwLock::new(pools) }
+        let registry = Registry { shared, pools: RwLock::new(pools), file: FileState::default() };
+        if let Some(text) = registry.shared.options.config_path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+            registry.file.known.store(content_hash(&text), Relaxed);
+        }
+        registry
+    }
+
+    /// The config file's state: its path, whether the last reload was
+    /// refused and why, and the reload counts.
+    pub fn config_status(&self) -> ConfigStatus {
+        let o = &self.shared.options;
+        ConfigStatus {
+            path: o.config_path.clone(),
+            last_error: self.file.last_error.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            reload_failures: self.file.failures.load(Relaxed),
+            reloads: self.file.reloads.load(Relaxed),
+            persist: o.persist && o.config_path.is_some(),
+            watch: o.watch_config && o.config_path.is_some(),
+        }
+    }
+
+    /// Applies a membership edit to pool `pool`, written back to the config
+    /// file first with `--persist`.
+    ///
+    /// # Errors
+    /// No such pool, the edit's error, or the file write's.
+    pub fn edit(&self, pool: &str, edit: &Edit) -> Result<Change, PoolError> {
+        let p = self.pool(pool).ok_or_else(|| PoolError::UnknownPool(pool.to_owned()))?;
+        let o = &self.shared.options;
+        match (&o.config_path, o.persist) {
+            (Some(path), true) => {
+                let write = |name: &str, edit: &Edit, before: &PoolConfig, after: &PoolConfig| {
+                    self.write_edit(path, name, edit, before, after)
+                };
+                p.edit(edit, Some(&write))
+            }
+            _ => p.edit(edit, None),
+        }
+    }
+
+    /// Writes one pool's edit into the config file, keeping the rest of it.
+    fn write_edit(
+        &self,
+        path: &Path,
+        pool: &str,
+        edit: &Edit,
+        before: &PoolConfig,
+        after: &PoolConfig,
+    ) -> Result<(), String> {
+        let _file = self.file.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let edited =
+            chash::config_edit::edit_text(&text, Some(pool), edit).map_err(|e| format!("{}: {e}", path.display()))?;
+        if edited.before.version() != before.version() {
+            return Err(format!(
+                "{} was changed since the proxy read it (pool {pool} there has version {}, the proxy {}): reload \
+                 it first (SIGHUP or POST /reload), then repeat the change",
+                path.display(),
+                edited.before.version(),
+                before.version()
+            ));
+        }
+        if edited.after.version() != after.version() {
+            return Err(format!("{}: the edited file would not match the change (a bug)", path.display()));
+        }
+        chash::config_edit::write_atomically(path, &edited.text)
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        self.file.known.store(content_hash(&edited.text), Relaxed);
+        Ok(())
     }
 
     /// The pools, in config order.
@@ -91,8 +202,42 @@ impl Registry {
     /// No config file, or one that does not parse; nothing is changed then.
     pub fn reload(&self) -> Result<Vec<PoolReload>, ReloadError> {
         let path = self.shared.options.config_path.as_ref().ok_or(ReloadError::NoConfigFile)?;
+        let _file = self.file.lock.lock().unwrap_or_else(|e| e.into_inner());
         let text = std::fs::read_to_string(path).map_err(|source| ReloadError::Read { path: path.clone(), source })?;
-        let config = Config::from_yaml(&text).map_err(|source| ReloadError::Config { path: path.clone(), source })?;
+        self.reload_text(path, &text)
+    }
+
+    /// Applies a config file's content (the file lock held). A file that
+    /// does not parse, or that a pool refuses, is recorded (the last error,
+    /// a failure count) and the pools it concerns keep their config.
+    fn reload_text(&self, path: &Path, text: &str) -> Result<Vec<PoolReload>, ReloadError> {
+        self.file.known.store(content_hash(text), Relaxed);
+        let result = self.apply_text(path, text);
+        let problem = match &result {
+            Err(e) => Some(e.to_string()),
+            Ok(results) => {
+                let refused: Vec<String> = results
+                    .iter()
+                    .filter_map(|(_, r)| match r {
+                        Err(PoolError::NeedsRestart { .. }) | Ok(_) => None,
+                        Err(e) => Some(e.to_string()),
+                    })
+                    .collect();
+                (!refused.is_empty()).then(|| refused.join("; "))
+            }
+        };
+        let counter = if problem.is_some() { &self.file.failures } else { &self.file.reloads };
+        counter.fetch_add(1, Relaxed);
+        if let Some(p) = &problem {
+            tracing::error!("config {} refused, the last good config stays: {p}", path.display());
+        }
+        *self.file.last_error.lock().unwrap_or_else(|e| e.into_inner()) = problem;
+        result
+    }
+
+    fn apply_text(&self, path: &Path, text: &str) -> Result<Vec<PoolReload>, ReloadError> {
+        let path = path.to_path_buf();
+        let config = Config::from_yaml(text).map_err(|source| ReloadError::Config { path: path.clone(), source })?;
         let mut results = Vec::new();
         for (name, _) in &config.pools {
             let pool_config =
@@ -115,5 +260,61 @@ impl Registry {
             }
         }
         Ok(results)
+    }
+
+    /// Reloads when the config file's content differs from what the proxy
+    /// last read or wrote, once it has stayed the same for one more check
+    /// (a writer may still be at it).
+    fn check_file(&self, path: &Path, pending: &mut Option<u64>) {
+        let Ok(text) = std::fs::read_to_string(path) else { return };
+        let hash = content_hash(&text);
+        if hash == self.file.known.load(Relaxed) {
+            *pending = None;
+            return;
+        }
+        if *pending != Some(hash) {
+            *pending = Some(hash);
+            return;
+        }
+        *pending = None;
+        let _file = self.file.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if hash == self.file.known.load(Relaxed) {
+            return; // written by this proxy meanwhile
+        }
+        tracing::info!("config file {} changed: reloading", path.display());
+        if let Ok(results) = self.reload_text(path, &text) {
+            for (pool, r) in results {
+                match r {
+                    Ok(change) => {
+                        tracing::info!(pool = %pool, "{} ({:.4} of keys moved)", change.change, change.moved_fraction)
+                    }
+                    Err(e) => tracing::warn!(pool = %pool, "not reloaded: {e}"),
+                }
+            }
+        }
+    }
+}
+
+/// Watches the config file until `stop`: reloads when it is replaced (a
+/// rename, a ConfigMap's symlink swap) or rewritten, debounced.
+pub(crate) async fn watch(registry: Arc<Registry>, path: PathBuf, mut stop: signal::Receiver<bool>) {
+    let mut tick = tokio::time::interval(WATCH_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pending = None;
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => return,
+        }
+        let (registry2, path2) = (registry.clone(), path.clone());
+        let p = pending;
+        // File reads and reloads off the runtime's threads.
+        pending = tokio::task::spawn_blocking(move || {
+            let mut pending = p;
+            registry2.check_file(&path2, &mut pending);
+            pending
+        })
+        .await
+        .unwrap_or(None);
     }
 }

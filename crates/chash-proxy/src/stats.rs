@@ -365,6 +365,14 @@ pub struct PoolSnapshot {
     pub counters: Vec<(Desc, u64)>,
     /// Its servers, in config order.
     pub servers: Vec<ServerSnapshot>,
+    /// [`PoolConfig::version`](chash::PoolConfig::version) of its config:
+    /// equal for proxies that place keys from the same membership.
+    pub version: String,
+    /// The config placement's [fingerprint](chash::Snapshot::fingerprint).
+    pub fingerprint: String,
+    /// Servers this proxy's health checks took out (`auto_eject_hosts`):
+    /// local, not part of the version or fingerprint.
+    pub locally_ejected: Vec<String>,
 }
 
 /// One server's counters at one moment.

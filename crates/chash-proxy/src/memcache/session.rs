@@ -419,6 +419,9 @@ fn stats_reply(pool: &Pool, shared: &Shared, group: Option<&[u8]>) -> Bytes {
     stat("time", &now);
     stat("version", &format!("chash-proxy-{}", env!("CARGO_PKG_VERSION")));
     stat("pool", &snap.name);
+    stat("membership_version", &snap.version);
+    stat("placement_fingerprint", &snap.fingerprint);
+    stat("locally_ejected", &snap.locally_ejected.len());
     for (d, v) in &snap.counters {
         stat(d.name, v);
     }

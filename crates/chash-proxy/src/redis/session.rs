@@ -725,7 +725,8 @@ fn info(pool: &Pool, shared: &Shared) -> String {
     let _ = write!(
         text,
         "proxy:chash-proxy\r\nversion:{}\r\npool:{}\r\ndistribution:{}\r\nservers:{}\r\nlive_servers:{}\r\n\
-         uptime_in_seconds:{}\r\nkey_specs_of_redis:{}\r\n",
+         uptime_in_seconds:{}\r\nkey_specs_of_redis:{}\r\nmembership_version:{}\r\nplacement_fingerprint:{}\r\n\
+         locally_ejected:{}\r\n",
         env!("CARGO_PKG_VERSION"),
         snap.name,
         snap.distribution,
@@ -733,6 +734,9 @@ fn info(pool: &Pool, shared: &Shared) -> String {
         snap.live_servers,
         shared.started.elapsed().as_secs(),
         super::commands::REDIS_VERSION,
+        snap.version,
+        snap.fingerprint,
+        snap.locally_ejected.join(","),
     );
     // Redis's names for what both count.
     let _ = write!(

@@ -1,0 +1,152 @@
+//! `chash config`: edit a config file the way the proxy changes its pools,
+//! keeping everything else in the file as written.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use chash::config_edit::{edit_text, write_atomically};
+use chash::{Edit, ServerLine};
+use clap::{Args, Subcommand};
+
+use crate::plan::{report, PlanArgs};
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Each command changes one pool's servers: list the way `chash proxy` changes
+them live (admin endpoint, --persist), so a proxy started from the new file
+places every key where the running ones do. Everything else in the file
+(other pools, key order, comments, quoting) stays as written, so the file can
+live in git. The new file goes to standard output, or to -o OUT, or back to
+FILE with -i (written to a temporary file and renamed: never half-written).
+
+What the file says per distribution:
+  ring, ketama, modula, ...  a removed server's line goes; an ejected one
+                             stays in its place, marked `ejected`.
+  anchor (memento)           a server's line is its bucket: a removed
+                             server's line stays, marked `removed N` (the N-th
+                             bucket freed), so the others keep theirs; a new
+                             server takes the bucket freed last.
+  jump                       servers are numbered by their place: only the
+                             last one can leave; other changes are refused.
+
+Examples:
+  chash config add     -c nutcracker.yml '10.0.0.9:11211:1 cache-9' -i
+  chash config remove  -c nutcracker.yml --pool sessions 10.0.0.3:6379 --plan -o new.yml
+  chash config weight  -c nutcracker.yml 10.0.0.2:11211 3 -i
+  chash config eject   -c nutcracker.yml 10.0.0.4:11211 -i
+  chash config restore -c nutcracker.yml 10.0.0.4:11211 -i
+
+--plan prints what the change moves, as `chash plan` does (to standard
+output with -o or -i, else to standard error). Any error: exit 2, one line.")]
+pub struct ConfigArgs {
+    #[command(subcommand)]
+    command: ConfigCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigCommand {
+    /// Add a server: `ID:WEIGHT [NAME]`.
+    Add {
+        #[command(flatten)]
+        file: FileArgs,
+        /// The server line, e.g. `10.0.0.9:11211:1 cache-9`.
+        #[arg(value_name = "SERVERLINE")]
+        line: String,
+    },
+    /// Remove a server by id (HOST:PORT).
+    Remove {
+        #[command(flatten)]
+        file: FileArgs,
+        /// The server's id.
+        #[arg(value_name = "ID")]
+        id: String,
+    },
+    /// Change a server's weight.
+    Weight {
+        #[command(flatten)]
+        file: FileArgs,
+        /// The server's id.
+        #[arg(value_name = "ID")]
+        id: String,
+        /// Its new weight (1 or more).
+        #[arg(value_name = "WEIGHT")]
+        weight: u32,
+    },
+    /// Take a server out (it stays listed, marked `ejected`).
+    Eject {
+        #[command(flatten)]
+        file: FileArgs,
+        /// The server's id.
+        #[arg(value_name = "ID")]
+        id: String,
+    },
+    /// Bring an ejected server back.
+    Restore {
+        #[command(flatten)]
+        file: FileArgs,
+        /// The server's id.
+        #[arg(value_name = "ID")]
+        id: String,
+    },
+}
+
+#[derive(Args, Debug)]
+struct FileArgs {
+    /// The config file to edit.
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    config: PathBuf,
+
+    /// The pool to change (may be left out when the file has one).
+    #[arg(long, value_name = "NAME")]
+    pool: Option<String>,
+
+    /// Write the new file here instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "OUT", conflicts_with = "in_place")]
+    output: Option<PathBuf>,
+
+    /// Write the new file back to FILE (atomically).
+    #[arg(short = 'i', long = "in-place")]
+    in_place: bool,
+
+    /// Also print what the change moves (as `chash plan`).
+    #[arg(long)]
+    plan: bool,
+}
+
+pub fn run(args: ConfigArgs) -> Result<()> {
+    let (file, edit) = match args.command {
+        ConfigCommand::Add { file, line } => {
+            let line: ServerLine = line.parse()?;
+            (file, Edit::Add(line))
+        }
+        ConfigCommand::Remove { file, id } => (file, Edit::Remove(id)),
+        ConfigCommand::Weight { file, id, weight } => (file, Edit::Weight(id, weight)),
+        ConfigCommand::Eject { file, id } => (file, Edit::Eject(id)),
+        ConfigCommand::Restore { file, id } => (file, Edit::Restore(id)),
+    };
+    let text =
+        std::fs::read_to_string(&file.config).with_context(|| format!("cannot read {}", file.config.display()))?;
+    let edited = edit_text(&text, file.pool.as_deref(), &edit).with_context(|| file.config.display().to_string())?;
+    let target = if file.in_place { Some(file.config.clone()) } else { file.output.clone() };
+    match &target {
+        Some(path) => {
+            write_atomically(path, &edited.text).with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        None => {
+            let mut out = io::stdout().lock();
+            out.write_all(edited.text.as_bytes())?;
+            out.flush()?;
+        }
+    }
+    if file.plan {
+        let to = target.clone().unwrap_or_else(|| PathBuf::from("(standard output)"));
+        let plan = PlanArgs::labelled(file.config.clone(), to);
+        if target.is_some() {
+            report(&plan, edited.before, edited.after, &mut io::stdout().lock())?;
+        } else {
+            report(&plan, edited.before, edited.after, &mut io::stderr().lock())?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! `chash fleet check`: do the proxies of a fleet place keys alike? Each
+//! proxy's admin endpoint reports, per pool, the membership version and
+//! the placement fingerprint; they must be equal everywhere (and equal to
+//! a config file's, when one is given).
+
+use std::io::{Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use chash::config::Config;
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+#[derive(Args, Debug)]
+pub struct FleetArgs {
+    #[command(subcommand)]
+    command: FleetCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum FleetCommand {
+    /// Fetch every proxy's membership versions and placement fingerprints
+    /// and compare them; exit 1 when any pool disagrees.
+    #[command(after_help = "\
+Each ADMIN_URL is a proxy's admin endpoint (http://HOST:PORT, or HOST:PORT;
+chash proxy --admin, default 127.0.0.1:22223). Prints one row per proxy and
+pool: the membership version (a hash of everything that decides placement:
+distribution, hash, settings, every server line) and the placement
+fingerprint (the owners of 4,096 probe keys), and the servers the proxy's
+own health checks took out, which are local and not part of either.
+
+With -c FILE the file's versions and fingerprints are the reference (what a
+proxy started from it would run). Exit 0 when every pool agrees everywhere,
+1 when a pool disagrees, is missing, or a proxy cannot be asked, 2 on a
+usage error.
+
+Example:
+  chash fleet check http://10.0.0.1:22223 http://10.0.0.2:22223 -c nutcracker.yml")]
+    Check {
+        /// The proxies' admin endpoints.
+        #[arg(value_name = "ADMIN_URL", required = true)]
+        urls: Vec<String>,
+        /// The config file the fleet should run.
+        #[arg(short = 'c', long = "config", value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+}
+
+/// One pool as one proxy (or the file) runs it.
+struct Row {
+    source: String,
+    pool: String,
+    version: String,
+    fingerprint: String,
+    ejected: String,
+}
+
+pub fn run(args: FleetArgs) -> Result<bool> {
+    let FleetCommand::Check { urls, config } = args.command;
+    let mut rows: Vec<Row> = Vec::new();
+    let mut problems: Vec<String> = Vec::new();
+    if let Some(path) = &config {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let cfg = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
+        for (name, _) in &cfg.pools {
+            let pool = cfg.pool(Some(name))?;
+            let fingerprint = match pool.snapshot() {
+                Ok(s) => s.fingerprint(),
+                Err(_) => "random".into(),
+            };
+            rows.push(Row {
+                source: path.display().to_string(),
+                pool: name.clone(),
+                version: pool.version(),
+                fingerprint,
+                ejected: String::new(),
+            });
+        }
+    }
+    for url in &urls {
+        match fetch_stats(url) {
+            Ok(stats) => {
+                let pools = stats["pools"].as_array().cloned().unwrap_or_default();
+                for p in pools {
+                    let ejected: Vec<&str> = p["locally_ejected"]
+                        .as_array()
+                        .map(|a| a.iter().filter_map(Value::as_str).collect())
+                        .unwrap_or_default();
+                    rows.push(Row {
+                        source: url.clone(),
+                        pool: p["name"].as_str().unwrap_or("?").to_owned(),
+                        version: p["membership_version"].as_str().unwrap_or("?").to_owned(),
+                        fingerprint: p["placement_fingerprint"].as_str().unwrap_or("?").to_owned(),
+                        ejected: ejected.join(","),
+                    });
+                }
+            }
+            Err(e) => problems.push(format!("{url}: cannot ask it: {e:#}")),
+        }
+    }
+    // Every pool any source has must be on every source, alike.
+    let sources: Vec<String> = config.iter().map(|p| p.display().to_string()).chain(urls.iter().cloned()).collect();
+    let mut pools: Vec<String> = rows.iter().map(|r| r.pool.clone()).collect();
+    pools.sort();
+    pools.dedup();
+    for pool in &pools {
+        let of_pool: Vec<&Row> = rows.iter().filter(|r| r.pool == *pool).collect();
+        for s in &sources {
+            if !problems.iter().any(|p| p.starts_with(s.as_str())) && !of_pool.iter().any(|r| r.source == *s) {
+                problems.push(format!("{s}: has no pool {pool}"));
+            }
+        }
+        let first = of_pool[0];
+        if of_pool.iter().any(|r| r.version != first.version || r.fingerprint != first.fingerprint) {
+            let differ: Vec<&str> = of_pool
+                .iter()
+                .filter(|r| r.version != first.version || r.fingerprint != first.fingerprint)
+                .map(|r| r.source.as_str())
+                .collect();
+            problems.push(format!(
+                "pool {pool}: {} disagree{} with {}",
+                differ.join(", "),
+                if differ.len() == 1 { "s" } else { "" },
+                first.source
+            ));
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let w = rows.iter().map(|r| r.source.len()).max().unwrap_or(0).max(6);
+    let pw = rows.iter().map(|r| r.pool.len()).max().unwrap_or(0).max(4);
+    writeln!(out, "{:<w$}  {:<pw$}  {:<16}  {:<16}  locally ejected", "source", "pool", "version", "fingerprint")?;
+    for r in &rows {
+        let ej = if r.ejected.is_empty() { "-" } else { r.ejected.as_str() };
+        writeln!(out, "{:<w$}  {:<pw$}  {:<16}  {:<16}  {ej}", r.source, r.pool, r.version, r.fingerprint)?;
+    }
+    if problems.is_empty() {
+        writeln!(out, "agree: {} pool(s) on {} source(s)", pools.len(), sources.len())?;
+        return Ok(true);
+    }
+    for p in &problems {
+        writeln!(out, "DISAGREE: {p}")?;
+    }
+    Ok(false)
+}
+
+/// `GET /stats` of an admin endpoint, parsed.
+fn fetch_stats(url: &str) -> Result<Value> {
+    let rest = url.strip_prefix("http://").unwrap_or(url);
+    if url.starts_with("https://") {
+        bail!("https is not supported; give the admin endpoint as http://HOST:PORT");
+    }
+    let (authority, base) = match rest.split_once('/') {
+        Some((a, p)) => (a, format!("/{}", p.trim_end_matches('/'))),
+        None => (rest, String::new()),
+    };
+    let addr = authority
+        .to_socket_addrs()
+        .with_context(|| format!("{authority:?} is not HOST:PORT"))?
+        .next()
+        .with_context(|| format!("{authority} resolves to no address"))?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(s, "GET {base}/stats HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n")?;
+    let mut response = String::new();
+    s.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").context("not an HTTP response")?;
+    let status = head.split_whitespace().nth(1).unwrap_or("?");
+    if status != "200" {
+        bail!("GET /stats answered {status}");
+    }
+    serde_json::from_str(body).context("GET /stats did not answer JSON")
+}
