@@ -431,3 +431,235 @@ impl Drop for KillOnDrop {
         let _ = Command::new("kill").args(["-KILL", &self.0.to_string()]).status();
     }
 }
+
+/// One HTTP/1.1 request: (status, body).
+fn http(addr: SocketAddr, method: &str, path: &str, body: &str, token: Option<&str>) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let auth = token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
+
+/// A pool's `membership_version` in a proxy's /stats.
+fn version_of(admin: SocketAddr) -> String {
+    let (_, body) = http(admin, "GET", "/stats", "", None);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["pools"][0]["membership_version"].as_str().unwrap().to_owned()
+}
+
+/// Three proxies started from one file, each changed differently through
+/// its admin endpoint with `--persist` (changes that end the same):
+/// their files converge to the same content, comments kept; restarted from
+/// their files they agree (`chash fleet check` exits 0, also against the
+/// file); a proxy run from another file is named, exit 1.
+#[test]
+fn a_fleet_with_persisted_changes_agrees() {
+    let dir = TempDir::new("fleet");
+    let yml =
+        "# The web tier's caches.\nweb:\n  listen: 127.0.0.1:0\n  distribution: ring\n  hash: xxh3\n  servers:\n   \
+               - 127.0.0.1:41001:1 a   # rack 1\n   - 127.0.0.1:41002:1 b\n   - 127.0.0.1:41003:1 c\n";
+    let files: Vec<std::path::PathBuf> = (0..3).map(|i| dir.path(&format!("p{i}.yml"))).collect();
+    for f in &files {
+        std::fs::write(f, yml).unwrap();
+    }
+    let start = |f: &std::path::Path| ProxyProcess::start(&["-c", f.to_str().unwrap(), "--persist", "-s", "0"]);
+    let proxies: Vec<ProxyProcess> = files.iter().map(|f| start(f)).collect();
+    let changes: [&[(&str, &str, &str)]; 3] = [
+        &[("DELETE", "/pools/web/servers/127.0.0.1:41002", ""), ("POST", "/pools/web/servers", "127.0.0.1:41004:2 d")],
+        &[("POST", "/pools/web/servers", "127.0.0.1:41004:2 d"), ("DELETE", "/pools/web/servers/127.0.0.1:41002", "")],
+        &[
+            ("POST", "/pools/web/servers/127.0.0.1:41003/eject", ""),
+            ("POST", "/pools/web/servers", "127.0.0.1:41004:2 d"),
+            ("POST", "/pools/web/servers/127.0.0.1:41003/restore", ""),
+            ("DELETE", "/pools/web/servers/127.0.0.1:41002", ""),
+        ],
+    ];
+    for (p, list) in proxies.iter().zip(changes) {
+        for (method, path, body) in list {
+            let (status, reply) = http(p.admin, method, path, body, None);
+            assert_eq!(status, 200, "{method} {path}: {reply}");
+            assert!(reply.contains("\"persisted\": true"), "{reply}");
+        }
+    }
+    let texts: Vec<String> = files.iter().map(|f| std::fs::read_to_string(f).unwrap()).collect();
+    assert_eq!(texts[0], texts[1]);
+    assert_eq!(texts[0], texts[2]);
+    assert!(texts[0].starts_with("# The web tier's caches.\n") && texts[0].contains("a   # rack 1\n"), "{}", texts[0]);
+    assert!(!texts[0].contains("41002") && texts[0].ends_with("   - 127.0.0.1:41004:2 d\n"), "{}", texts[0]);
+    let live: Vec<String> = proxies.iter().map(|p| version_of(p.admin)).collect();
+    drop(proxies);
+    // Restarted from their files: the same placement everywhere.
+    let proxies: Vec<ProxyProcess> = files.iter().map(|f| start(f)).collect();
+    let restarted: Vec<String> = proxies.iter().map(|p| version_of(p.admin)).collect();
+    assert_eq!(restarted, live);
+    let urls: Vec<String> = proxies.iter().map(|p| format!("http://{}", p.admin)).collect();
+    let mut args: Vec<&str> = vec!["fleet", "check"];
+    args.extend(urls.iter().map(String::as_str));
+    args.extend(["-c", files[0].to_str().unwrap()]);
+    let out = Command::new(env!("CARGO_BIN_EXE_chash")).args(&args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("agree: 1 pool(s) on 4 source(s)"), "{text}");
+    // One proxy with another file: named, exit 1.
+    let other = dir.path("other.yml");
+    std::fs::write(&other, texts[0].replace("41004:2 d", "41004:3 d")).unwrap();
+    let odd = start(&other);
+    let odd_url = format!("http://{}", odd.admin);
+    args.insert(2, &odd_url);
+    let out = Command::new(env!("CARGO_BIN_EXE_chash")).args(&args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("DISAGREE") && text.contains(&odd_url), "{text}");
+}
+
+/// With a token, admin requests that change anything need it (401
+/// otherwise, and nothing changes); reading stays open. Off loopback
+/// without a token the proxy refuses to start.
+#[test]
+fn the_admin_token_guards_changes() {
+    let dir = TempDir::new("token");
+    let config = dir.path("p.yml");
+    std::fs::write(&config, "web:\n  listen: 127.0.0.1:0\n  servers:\n   - 127.0.0.1:41001:1 a\n").unwrap();
+    let token_file = dir.path("token");
+    std::fs::write(&token_file, "s3cret-token-0123456789\n").unwrap();
+    let p = ProxyProcess::start(&[
+        "-c",
+        config.to_str().unwrap(),
+        "-s",
+        "0",
+        "--admin-token-file",
+        token_file.to_str().unwrap(),
+    ]);
+    let before = version_of(p.admin);
+    for token in [None, Some("wrong-token-0123456789")] {
+        let (status, body) = http(p.admin, "POST", "/pools/web/servers", "127.0.0.1:41002:1", token);
+        assert_eq!(status, 401, "{body}");
+        assert!(body.contains("Authorization: Bearer"), "{body}");
+    }
+    assert_eq!(version_of(p.admin), before, "nothing changed");
+    let (status, body) =
+        http(p.admin, "POST", "/pools/web/servers", "127.0.0.1:41002:1", Some("s3cret-token-0123456789"));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("not persisted"), "{body}");
+    assert_ne!(version_of(p.admin), before);
+    let out = Command::new(env!("CARGO_BIN_EXE_chash"))
+        .args(["proxy", "-c", config.to_str().unwrap(), "-s", "0", "--admin", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--admin-token-file"));
+}
+
+/// The config file is watched: replaced by a rename, rewritten in place,
+/// and swapped the way Kubernetes updates a ConfigMap volume (a symlink to
+/// a new directory); each new placement is in use within 2 s. An invalid
+/// file keeps the last good placement and says why in /stats and
+/// /metrics. A client setting and reading keys all along never gets an
+/// error or another key's value.
+#[test]
+fn a_watched_config_file_reloads_itself() {
+    let backends: Vec<ProxyProcess> =
+        (0..3).map(|_| ProxyProcess::start(&["--listen", "127.0.0.1:0", "-s", "0"])).collect();
+    let dir = TempDir::new("watch");
+    let yml = |n: usize| {
+        let mut y = "web:\n  listen: 127.0.0.1:0\n  distribution: ring\n  timeout: 2000\n  servers:\n".to_owned();
+        for (i, b) in backends.iter().take(n).enumerate() {
+            y.push_str(&format!("   - {}:1 s{i}\n", b.listen));
+        }
+        y
+    };
+    // Kubernetes' layout: config.yml -> ..data/config.yml, ..data -> ..v1.
+    std::fs::create_dir_all(dir.path("..v1")).unwrap();
+    std::fs::write(dir.path("..v1/config.yml"), yml(1)).unwrap();
+    std::os::unix::fs::symlink("..v1", dir.path("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/config.yml", dir.path("config.yml")).unwrap();
+    let config = dir.path("config.yml");
+    let proxy = ProxyProcess::start(&["-c", config.to_str().unwrap(), "-s", "0"]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let (addr, stop) = (proxy.listen, stop.clone());
+        std::thread::spawn(move || {
+            let mut s = BufReader::new(TcpStream::connect(addr).unwrap());
+            s.get_ref().set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            s.get_ref().set_nodelay(true).unwrap();
+            let (mut bad, mut done) = (Vec::new(), 0);
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let key = format!("w{}", i % 500);
+                let request = format!("set {key} 0 0 {}\r\n{key}\r\nget {key}\r\n", key.len());
+                s.get_mut().write_all(request.as_bytes()).unwrap();
+                let mut line = String::new();
+                s.read_line(&mut line).unwrap();
+                if line != "STORED\r\n" {
+                    bad.push(line.clone());
+                }
+                line.clear();
+                s.read_line(&mut line).unwrap();
+                if line.starts_with("VALUE") {
+                    let mut value = String::new();
+                    s.read_line(&mut value).unwrap();
+                    if value != format!("{key}\r\n") {
+                        bad.push(format!("{key} read {value:?}"));
+                    }
+                    line.clear();
+                    s.read_line(&mut line).unwrap();
+                }
+                if line != "END\r\n" {
+                    bad.push(line);
+                }
+                done += 1;
+            }
+            (bad, done)
+        })
+    };
+    let expect = |n: usize, how: &str| {
+        let want = chash::config::Config::from_yaml(&yml(n)).unwrap().pool(None).unwrap().version();
+        let started = Instant::now();
+        while version_of(proxy.admin) != want {
+            assert!(started.elapsed() < Duration::from_secs(2), "{how}: not in use after 2 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // Replaced by a rename.
+    std::fs::write(dir.path("..v1/.config.tmp"), yml(2)).unwrap();
+    std::fs::rename(dir.path("..v1/.config.tmp"), dir.path("..v1/config.yml")).unwrap();
+    expect(2, "renamed over");
+    // Rewritten in place.
+    std::fs::write(dir.path("..v1/config.yml"), yml(3)).unwrap();
+    expect(3, "rewritten");
+    // A ConfigMap update: a new directory, the ..data link swapped.
+    std::fs::create_dir_all(dir.path("..v2")).unwrap();
+    std::fs::write(dir.path("..v2/config.yml"), yml(2)).unwrap();
+    std::os::unix::fs::symlink("..v2", dir.path("..data.tmp")).unwrap();
+    std::fs::rename(dir.path("..data.tmp"), dir.path("..data")).unwrap();
+    expect(2, "symlink swap");
+    // An invalid file: the last good placement stays, and it says why.
+    let good = version_of(proxy.admin);
+    std::fs::write(dir.path("..v2/config.yml"), "web:\n  servers: [\n").unwrap();
+    let started = Instant::now();
+    loop {
+        let (_, stats) = http(proxy.admin, "GET", "/stats", "", None);
+        if stats.contains("\"reload_failures\": 1") {
+            assert!(stats.contains("\"last_error\": \"") && !stats.contains("\"last_error\": null"), "{stats}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(2), "an invalid file was not reported: {stats}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(version_of(proxy.admin), good);
+    let (_, metrics) = http(proxy.admin, "GET", "/metrics", "", None);
+    assert!(
+        metrics.contains("chash_config_reload_failures_total 1") && metrics.contains("chash_config_last_reload_ok 0")
+    );
+    std::fs::write(dir.path("..v2/config.yml"), yml(3)).unwrap();
+    expect(3, "fixed");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (bad, done) = load.join().unwrap();
+    assert!(bad.is_empty(), "{} of {done} requests failed: {:?}", bad.len(), &bad[..bad.len().min(5)]);
+    assert!(done > 100, "{done} requests");
+}

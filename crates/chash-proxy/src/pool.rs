@@ -815,20 +815,12 @@ fn sampled(old: &PoolState, new: &PoolState, measure: Measure) -> f64 {
     if measure == Measure::ExactOnly {
         return f64::NAN;
     }
-    let owner = |st: &PoolState, key: &[u8]| -> Option<String> {
-        match st.routing.as_ref()? {
-            Routing::Placed { snapshot, to_member } => {
-                Some(st.members[to_member[snapshot.route_index(key)?]].line.id.clone())
-            }
-            Routing::Random(_) => None,
+    match (old.routing.as_ref(), new.routing.as_ref()) {
+        // Node ids are member ids: where the placements differ by id, keys moved.
+        (Some(Routing::Placed { snapshot: a, .. }), Some(Routing::Placed { snapshot: b, .. })) => {
+            a.moved_share(b, KEYS)
         }
-    };
-    let mut moved = 0;
-    for i in 0..KEYS {
-        let key = format!("key:{i}");
-        if owner(old, key.as_bytes()) != owner(new, key.as_bytes()) {
-            moved += 1;
-        }
+        // random: keys have no place to move from.
+        _ => 0.0,
     }
-    moved as f64 / KEYS as f64
 }

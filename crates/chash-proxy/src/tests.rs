@@ -346,3 +346,103 @@ async fn a_dead_server_costs_only_its_keys() {
         assert_eq!(c.get(k).await, Ok(Some("v".into())), "{k}");
     }
 }
+
+/// For every distribution, 50 random membership changes through the admin
+/// path with `--persist`: after each, the config file as written, read
+/// fresh, places 100,000 keys where the live pool sends them.
+async fn persisted_changes_rebuild(distribution: &str, n: u64) {
+    use chash::Edit;
+    let dir = std::env::temp_dir().join(format!("chash-persist-{}-{distribution}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let keys: Vec<String> = (0..100_000).map(|i| format!("key:{i}")).collect();
+    {
+        let weighted = !matches!(distribution, "anchor" | "jump" | "multiprobe");
+        let hash = match distribution {
+            "ketama" | "modula" => "fnv1a_64",
+            "nginx" => "crc32a",
+            _ => "xxh3",
+        };
+        let path = dir.join(format!("{distribution}.yml"));
+        let mut yml = format!("# {distribution}\nalpha:\n  distribution: {distribution}\n  hash: {hash}\n  servers:\n");
+        for i in 0..6 {
+            yml.push_str(&format!("   - 127.0.0.1:{}:1\n", 40000 + i));
+        }
+        std::fs::write(&path, &yml).unwrap();
+        let config = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap();
+        let pool = Pool::start(config, HashMap::new(), Workers::current(), vec![None]).unwrap();
+        let options = ProxyOptions { config_path: Some(path.clone()), persist: true, ..Default::default() };
+        let shared = Arc::new(Shared { options, started: std::time::Instant::now() });
+        let registry = crate::registry::Registry::new(shared, vec![pool.clone()]);
+        let mut seed = 0x5eed_u64 + n;
+        let mut rand = |below: usize| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            ((seed >> 33) as usize) % below.max(1)
+        };
+        let mut next_port = 40100;
+
+        let mut applied = 0;
+        for step in 0..50 {
+            let config = pool.config();
+            let active: Vec<String> = config.servers.iter().map(|l| l.id.clone()).collect();
+            let members: Vec<chash::ServerLine> = config.members().cloned().collect();
+            let ejected: Vec<String> =
+                members.iter().filter(|l| l.state != chash::LineState::Active).map(|l| l.id.clone()).collect();
+            let pick = |list: &[String], i: usize| list[i % list.len()].clone();
+            let edit = match rand(5) {
+                0 | 1 => {
+                    next_port += 1;
+                    let w = if weighted { 1 + rand(3) } else { 1 };
+                    Edit::Add(format!("127.0.0.1:{next_port}:{w}").parse().unwrap())
+                }
+                2 if active.len() > 2 => Edit::Remove(pick(&active, rand(99))),
+                3 if !ejected.is_empty() => Edit::Restore(pick(&ejected, rand(99))),
+                3 if active.len() > 2 => Edit::Eject(pick(&active, rand(99))),
+                4 if weighted => Edit::Weight(pick(&active, rand(99)), 1 + rand(4) as u32),
+                _ => continue,
+            };
+            match registry.edit("alpha", &edit) {
+                Ok(change) => assert!(change.persisted),
+                Err(e) => {
+                    assert_eq!(distribution, "jump", "{distribution} step {step}: {edit}: {e}");
+                    continue;
+                }
+            }
+            applied += 1;
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(text.starts_with(&format!("# {distribution}\n")), "the rest of the file stays");
+            let fresh = chash::config::Config::from_yaml(&text).unwrap().pool(None).unwrap().snapshot().unwrap();
+            let state = pool.state();
+            let Some(crate::pool::Routing::Placed { snapshot: live, .. }) = &state.routing else { panic!() };
+            let differ = live.moved_keys(&fresh, keys.iter().map(|k| k.as_bytes()));
+            assert_eq!(differ, 0, "{distribution} step {step} after {edit}: {differ} keys differ");
+            // And the live routing sends each node's keys to that server.
+            for k in keys.iter().take(200) {
+                assert_eq!(state.server_for(k.as_bytes()).map(|s| s.id()), fresh.route(k.as_bytes()));
+            }
+        }
+        assert!(applied > 10, "{distribution}: {applied} changes applied");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+macro_rules! persisted_changes {
+    ($($test:ident: $distribution:literal,)*) => {$(
+        #[tokio::test]
+        async fn $test() {
+            persisted_changes_rebuild($distribution, line!() as u64).await;
+        }
+    )*};
+}
+
+persisted_changes! {
+    persisted_ring_changes_rebuild_the_live_placement: "ring",
+    persisted_ketama_changes_rebuild_the_live_placement: "ketama",
+    persisted_modula_changes_rebuild_the_live_placement: "modula",
+    persisted_nginx_changes_rebuild_the_live_placement: "nginx",
+    persisted_jump_changes_rebuild_the_live_placement: "jump",
+    persisted_rendezvous_changes_rebuild_the_live_placement: "rendezvous",
+    persisted_maglev_changes_rebuild_the_live_placement: "maglev",
+    persisted_anchor_changes_rebuild_the_live_placement: "anchor",
+    persisted_multiprobe_changes_rebuild_the_live_placement: "multiprobe",
+    persisted_bounded_changes_rebuild_the_live_placement: "bounded",
+}

@@ -97,6 +97,28 @@ impl Snapshot {
         self.placement.nodes()
     }
 
+    /// How many of `keys` this snapshot and `other` place on different
+    /// servers (by id).
+    pub fn moved_keys<'k>(&self, other: &Snapshot, keys: impl IntoIterator<Item = &'k [u8]>) -> usize {
+        keys.into_iter().filter(|k| self.route(k) != other.route(k)).count()
+    }
+
+    /// The share of `samples` keys `key:0`, `key:1`, ... that this snapshot
+    /// and `other` place on different servers (by id).
+    pub fn moved_share(&self, other: &Snapshot, samples: usize) -> f64 {
+        use std::fmt::Write as _;
+        let mut key = String::with_capacity(24);
+        let mut moved = 0usize;
+        for i in 0..samples {
+            key.clear();
+            let _ = write!(key, "key:{i}");
+            if self.route(key.as_bytes()) != other.route(key.as_bytes()) {
+                moved += 1;
+            }
+        }
+        moved as f64 / samples.max(1) as f64
+    }
+
     /// A fingerprint of the placement itself: the owners of
     /// [`FINGERPRINT_PROBES`] fixed keys (`chash-probe:0`, ...), hashed.
     /// Processes whose fingerprints differ place some keys differently;

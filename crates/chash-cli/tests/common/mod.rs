@@ -14,10 +14,17 @@ pub fn chash(args: &[&str], stdin: &[u8]) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("chash runs");
+    // Written from a thread: a large input and a large output would otherwise
+    // fill both pipes and wait on each other.
     let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin).unwrap();
-    drop(input);
-    child.wait_with_output().unwrap()
+    let data = stdin.to_vec();
+    let writer = std::thread::spawn(move || {
+        // A command that exits without reading all of it closes the pipe.
+        let _ = input.write_all(&data);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    out
 }
 
 /// Standard output as text.

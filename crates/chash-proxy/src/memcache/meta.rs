@@ -486,7 +486,7 @@ mod tests {
         assert_eq!(&out[..], b"ms Zm9v 2 b T30 F5 q c O7\r\nhi\r\n");
         let (Parsed::Request(Request::Meta(m)), _) = parse("mn extra\r\n") else { panic!() };
         assert_eq!(m.cmd, MetaCmd::Noop);
-        assert!(m.quiet_drops(b"EN\r\n") == false);
+        assert!(!m.quiet_drops(b"EN\r\n"));
         let (Parsed::Request(Request::Meta(m)), _) = parse("mg k q v\r\n") else { panic!() };
         assert!(m.quiet_drops(b"EN\r\n") && !m.quiet_drops(b"VA 1\r\nx\r\n"));
     }
