@@ -115,7 +115,11 @@ fn finish(result: anyhow::Result<()>) -> ExitCode {
 
 /// A reader that stopped reading (`chash route | head`) is not an error.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<io::Error>().is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe))
+    e.chain().any(|c| {
+        let kind = c.downcast_ref::<io::Error>().map(io::Error::kind);
+        let kind = kind.or_else(|| c.downcast_ref::<serde_json::Error>().and_then(serde_json::Error::io_error_kind));
+        kind == Some(io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// The error and its causes on one line.

@@ -559,14 +559,9 @@ impl Signals {
                     if running.registry.shared.options.config_path.is_none() {
                         continue;
                     }
-                    match running.registry.reload() {
-                        Ok(results) => for (pool, r) in results {
-                            // The pool logs what each change did.
-                            if let Err(e) = r {
-                                tracing::warn!(%pool, "reload: {e}");
-                            }
-                        },
-                        Err(e) => tracing::error!("reload failed, nothing changed: {e}"),
+                    // The registry logs what each pool did, or why not.
+                    if let Err(e) = running.registry.reload() {
+                        tracing::error!("reload failed, nothing changed: {e}");
                     }
                 }
                 _ = self.ttin.recv() => log.shift(1),

@@ -399,3 +399,22 @@ fn bad_input_exits_2_with_one_line() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A reader that stops early (`chash plan --json | head`) is not an error:
+/// no message, exit 0, for the JSON writers too.
+#[test]
+fn json_into_a_closed_pipe_is_not_an_error() {
+    let dir = scratch("closed-pipe");
+    let old = write(&dir, "old.yml", &config("ring", &["a:1", "b:1", "c:1"]));
+    let new = write(&dir, "new.yml", &config("ring", &["a:1", "b:1"]));
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_chash"))
+        .args(["plan", "--from", &old, "--to", &new, "--json", "--ranges", "all"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert!(out.status.success());
+}

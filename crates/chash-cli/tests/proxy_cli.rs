@@ -663,3 +663,50 @@ fn a_watched_config_file_reloads_itself() {
     assert!(bad.is_empty(), "{} of {done} requests failed: {:?}", bad.len(), &bad[..bad.len().min(5)]);
     assert!(done > 100, "{done} requests");
 }
+
+/// An anchor pool's file with a middle line deleted by hand would renumber
+/// buckets: the reload is refused naming the server and the command to use,
+/// and the proxy keeps its placement. The file edited with `chash config
+/// remove` reloads, and the proxy then runs exactly the placement
+/// `chash route --fingerprint` computes from the file.
+#[test]
+fn a_reload_that_would_renumber_is_refused() {
+    let dir = TempDir::new("renumber");
+    let config = dir.path("p.yml");
+    let lines = ["127.0.0.1:41001:1 a", "127.0.0.1:41002:1 b", "127.0.0.1:41003:1 c"];
+    let yml = |lines: &[&str]| {
+        let mut y = "web:\n  listen: 127.0.0.1:0\n  distribution: anchor\n  servers:\n".to_owned();
+        for l in lines {
+            y.push_str(&format!("   - {l}\n"));
+        }
+        y
+    };
+    std::fs::write(&config, yml(&lines)).unwrap();
+    let p = ProxyProcess::start(&["-c", config.to_str().unwrap(), "-s", "0", "--no-watch"]);
+    let before = version_of(p.admin);
+    std::fs::write(&config, yml(&[lines[0], lines[2]])).unwrap();
+    let (status, body) = http(p.admin, "POST", "/reload", "", None);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"error\"") && body.contains("127.0.0.1:41002") && body.contains("chash config remove"),
+        "{body}"
+    );
+    assert_eq!(version_of(p.admin), before, "the last good placement stays");
+    std::fs::write(&config, yml(&lines)).unwrap();
+    let chash = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_chash")).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    chash(&["config", "remove", "-c", config.to_str().unwrap(), "-i", "127.0.0.1:41002"]);
+    assert!(std::fs::read_to_string(&config).unwrap().contains("127.0.0.1:41002:1 b removed 1\n"));
+    let (status, body) = http(p.admin, "POST", "/reload", "", None);
+    assert!(status == 200 && !body.contains("\"error\""), "{body}");
+    let offline = chash(&["route", "-c", config.to_str().unwrap(), "--fingerprint"]);
+    let row: Vec<&str> = offline.lines().nth(1).unwrap().split_whitespace().collect();
+    let (_, stats) = http(p.admin, "GET", "/stats", "", None);
+    let v: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert_eq!(v["pools"][0]["membership_version"].as_str(), Some(row[1]));
+    assert_eq!(v["pools"][0]["placement_fingerprint"].as_str(), Some(row[2]));
+    assert_ne!(row[1], before);
+}

@@ -273,14 +273,9 @@ impl fmt::Display for PoolError {
     }
 }
 
-impl std::error::Error for PoolError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            PoolError::Placement { source, .. } | PoolError::ServerLine(source) => Some(source),
-            _ => None,
-        }
-    }
-}
+/// Each message already says why (its cause included), so no separate
+/// `source()`: printed as a chain, the cause would appear twice.
+impl std::error::Error for PoolError {}
 
 /// A pool of servers.
 pub struct Pool {

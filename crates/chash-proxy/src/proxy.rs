@@ -71,16 +71,9 @@ impl fmt::Display for StartError {
     }
 }
 
-impl std::error::Error for StartError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            StartError::Workers(e) => Some(e),
-            StartError::Pool(e) => Some(e),
-            StartError::Listen { source, .. } => Some(source),
-            StartError::Insecure { .. } => None,
-        }
-    }
-}
+/// Each message already says why (its cause included), so no separate
+/// `source()`: printed as a chain, the cause would appear twice.
+impl std::error::Error for StartError {}
 
 /// A started proxy.
 #[derive(Debug)]

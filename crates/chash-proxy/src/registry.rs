@@ -50,15 +50,9 @@ impl fmt::Display for ReloadError {
     }
 }
 
-impl std::error::Error for ReloadError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ReloadError::NoConfigFile => None,
-            ReloadError::Read { source, .. } => Some(source),
-            ReloadError::Config { source, .. } => Some(source),
-        }
-    }
-}
+/// Each message already says why (its cause included), so no separate
+/// `source()`: printed as a chain, the cause would appear twice.
+impl std::error::Error for ReloadError {}
 
 /// The running proxy's pools.
 #[derive(Debug)]
@@ -218,8 +212,12 @@ impl Registry {
             Ok(results) => {
                 let refused: Vec<String> = results
                     .iter()
-                    .filter_map(|(_, r)| match r {
-                        Err(PoolError::NeedsRestart { .. }) | Ok(_) => None,
+                    .filter_map(|(pool, r)| match r {
+                        Err(e @ PoolError::NeedsRestart { .. }) => {
+                            tracing::warn!(%pool, "{e}");
+                            None
+                        }
+                        Ok(_) => None,
                         Err(e) => Some(e.to_string()),
                     })
                     .collect();
@@ -282,16 +280,8 @@ impl Registry {
             return; // written by this proxy meanwhile
         }
         tracing::info!("config file {} changed: reloading", path.display());
-        if let Ok(results) = self.reload_text(path, &text) {
-            for (pool, r) in results {
-                match r {
-                    Ok(change) => {
-                        tracing::info!(pool = %pool, "{} ({:.4} of keys moved)", change.change, change.moved_fraction)
-                    }
-                    Err(e) => tracing::warn!(pool = %pool, "not reloaded: {e}"),
-                }
-            }
-        }
+        // Each pool logs its change; reload_text logs what was refused.
+        let _ = self.reload_text(path, &text);
     }
 }
 

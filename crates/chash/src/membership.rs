@@ -365,8 +365,7 @@ impl PoolConfig {
             };
             let what = if now.iter().any(|(n, _)| n == id) { "moved from its place" } else { "deleted from the list" };
             return Err(Error::Change(format!(
-                "pool {}: server {id} (line {}) was {what}, which moves the keys of every server after it; {how}",
-                self.name,
+                "server {id} (line {}) was {what}, which moves the keys of every server after it; {how}",
                 i + 1
             )));
         }
