@@ -120,10 +120,10 @@ async fn handle(mut stream: TcpStream, registry: Arc<Registry>) -> std::io::Resu
         body.extend_from_slice(&chunk[..n]);
     }
     let body = String::from_utf8_lossy(&body[..length.min(body.len())]).trim().to_owned();
-    let path = target.split('?').next().unwrap_or("/");
+    let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let segments: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
     let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
-    let response = route(&registry, &method, &segs, &body);
+    let response = route(&registry, &method, &segs, query, &body);
     write(&mut stream, response).await
 }
 
@@ -135,13 +135,18 @@ fn bearer_matches(header: Option<&str>, token: &str) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
-fn route(registry: &Registry, method: &str, segs: &[&str], body: &str) -> Response {
+/// The value of `name` in a query string (`a=1&b=2`).
+fn query_value<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query.split('&').find_map(|kv| kv.split_once('=').filter(|(k, _)| *k == name).map(|(_, v)| v))
+}
+
+fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &str) -> Response {
     match (method, segs) {
         ("GET", []) => Response {
             status: 200,
             content_type: "text/plain",
             body: "chash-proxy admin: GET /stats, GET /metrics, GET /pools, POST /pools/POOL/servers, \
-                   DELETE /pools/POOL/servers/ID, PUT /pools/POOL/servers/ID/weight, \
+                   DELETE /pools/POOL/servers/ID[?drain=SECS], PUT /pools/POOL/servers/ID/weight, \
                    POST /pools/POOL/servers/ID/eject|restore, POST /reload\n"
                 .into(),
         },
@@ -165,6 +170,15 @@ fn route(registry: &Registry, method: &str, segs: &[&str], body: &str) -> Respon
         },
         (_, ["pools", pool, rest @ ..]) => {
             let Some(pool) = registry.pool(pool) else { return error(404, format!("no pool {pool:?}")) };
+            let drain = match (method, query_value(query, "drain")) {
+                (_, None) => None,
+                ("DELETE", Some(secs)) => match secs.parse::<u64>() {
+                    Ok(secs) if !pool.settings.redis => Some(std::time::Duration::from_secs(secs)),
+                    Ok(_) => return error(400, "drain applies to memcached pools (warm-up reads memcached values)"),
+                    Err(_) => return error(400, format!("drain={secs:?}: give whole seconds, e.g. drain=60")),
+                },
+                (_, Some(_)) => return error(400, "drain goes with DELETE /pools/POOL/servers/ID"),
+            };
             let edit = match (method, rest) {
                 ("POST", ["servers"]) => match body.parse::<chash::ServerLine>() {
                     Ok(line) => Edit::Add(line),
@@ -180,7 +194,7 @@ fn route(registry: &Registry, method: &str, segs: &[&str], body: &str) -> Respon
                 ("GET", []) => return json_response(200, pool_json(&pool.stats(), true)),
                 _ => return error(404, format!("no such endpoint: {method} /pools/{}/{}", pool.name, rest.join("/"))),
             };
-            match registry.edit(&pool.name, &edit) {
+            match registry.edit_draining(&pool.name, &edit, drain) {
                 Ok(change) => {
                     let mut v = json!(change);
                     if !change.persisted {

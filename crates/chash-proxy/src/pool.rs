@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,6 +47,8 @@ pub struct PoolSettings {
     pub redis_auth: Option<String>,
     /// The database clients may `SELECT` (`redis_db`, default 0).
     pub redis_db: u32,
+    /// TTL of warm-up copies whose server did not tell one (`warmup_ttl`).
+    pub warmup_ttl: u32,
 }
 
 impl PoolSettings {
@@ -69,6 +71,7 @@ impl PoolSettings {
             redis: pool.redis,
             redis_auth: pool.redis_auth.clone(),
             redis_db: pool.redis_db,
+            warmup_ttl: pool.warmup_ttl,
         }
     }
 }
@@ -125,13 +128,45 @@ pub struct PoolState {
     /// Every member (active and ejected server), in config order.
     pub members: Vec<Member>,
     /// `None` when no server is live.
-    pub routing: Option<Routing>,
+    pub routing: Option<Arc<Routing>>,
     /// The config's placement, before health ejections (`None` for random).
     pub model: Option<Snapshot>,
     /// [`PoolConfig::version`] of the config.
     pub version: String,
     /// The config placement's [fingerprint](Snapshot::fingerprint).
     pub fingerprint: String,
+    /// Placements recent membership changes replaced, newest first, while
+    /// they are warm-up sources (`warmup`, or a drain's window).
+    pub previous: Vec<Arc<Previous>>,
+}
+
+/// A placement a membership change replaced, kept as a warm-up source:
+/// a read that misses on a key's server is tried on the key's server
+/// here, and writes of the key delete it here, until `until`. Holds the
+/// servers, so a removed server's connections stay open until then.
+#[derive(Debug)]
+pub struct Previous {
+    routing: Arc<Routing>,
+    servers: Vec<Arc<Server>>,
+    /// When it stops being a source.
+    pub until: Instant,
+}
+
+impl Previous {
+    /// The key's server under this placement.
+    pub fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {
+        Some(&self.servers[self.routing.member_for(key)?])
+    }
+}
+
+impl Routing {
+    /// The index of `key`'s member (any member, for random).
+    fn member_for(&self, key: &[u8]) -> Option<usize> {
+        Some(match self {
+            Routing::Placed { snapshot, to_member } => to_member[snapshot.route_index(key)?],
+            Routing::Random(live) => live[(next_random() % live.len() as u64) as usize],
+        })
+    }
 }
 
 static RANDOM: AtomicU64 = AtomicU64::new(0x9e37_79b9_7f4a_7c15);
@@ -147,11 +182,27 @@ fn next_random() -> u64 {
 impl PoolState {
     /// The server for `key`, or `None` when no server is live.
     pub fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {
-        let member = match self.routing.as_ref()? {
-            Routing::Placed { snapshot, to_member } => to_member[snapshot.route_index(key)?],
-            Routing::Random(live) => live[(next_random() % live.len() as u64) as usize],
-        };
-        Some(&self.members[member].server)
+        Some(&self.members[self.routing.as_ref()?.member_for(key)?].server)
+    }
+
+    /// The servers that held `key` under the placements still warming up
+    /// (newest first, each once), other than `now` and servers that are
+    /// down: where a read that missed on `now` may find it, and where a
+    /// write of it must delete it. Empty (and free) outside a window.
+    pub fn previous_servers(&self, key: &[u8], now: &Arc<Server>) -> Vec<Arc<Server>> {
+        let mut out: Vec<Arc<Server>> = Vec::new();
+        if self.previous.is_empty() {
+            return out;
+        }
+        let at = Instant::now();
+        for p in self.previous.iter().filter(|p| p.until > at) {
+            if let Some(s) = p.server_for(key) {
+                if !Arc::ptr_eq(s, now) && !s.is_down() && !out.iter().any(|o| Arc::ptr_eq(o, s)) {
+                    out.push(s.clone());
+                }
+            }
+        }
+        out
     }
 
     /// Members taking keys now.
@@ -161,7 +212,7 @@ impl PoolState {
 
     /// The placement when it bounds loads (`distribution: bounded`).
     fn bounded(&self) -> Option<(&chash::algo::Bounded, &Snapshot, &[usize])> {
-        match &self.routing {
+        match self.routing.as_deref() {
             Some(Routing::Placed { snapshot, to_member }) => match snapshot.placement() {
                 AnyPlacement::Bounded(b) => Some((b, snapshot, to_member)),
                 _ => None,
@@ -186,6 +237,9 @@ pub struct Change {
     pub version: String,
     /// The placement fingerprint after the change.
     pub fingerprint: String,
+    /// Seconds the placement before the change stays a warm-up source
+    /// (`warmup`, or a drain); 0 when none.
+    pub warmup_seconds: u64,
 }
 
 /// Writes a pool's membership edit to the config file (`--persist`):
@@ -289,6 +343,8 @@ pub struct Pool {
     on_failure: FailureHook,
     workers: Arc<Workers>,
     counters: Arc<PerWorker<PoolCounters>>,
+    /// Writes and warm-up copies in flight (used during warm-up windows).
+    pub writes: KeyWrites,
     /// Counters of events that are not per request.
     pub events: PoolEvents,
 }
@@ -339,6 +395,7 @@ impl Pool {
             model: None,
             version: String::new(),
             fingerprint: String::new(),
+            previous: Vec::new(),
         };
         let pool = Arc::new(Pool {
             name: config.name.clone(),
@@ -348,6 +405,7 @@ impl Pool {
             state: ArcSwap::from_pointee(placeholder),
             on_failure,
             counters: Arc::new(PerWorker::new(workers.count())),
+            writes: KeyWrites::default(),
             workers,
             events: PoolEvents::default(),
         });
@@ -448,6 +506,22 @@ impl Pool {
     /// An edit the pool refuses ([`PoolConfig::apply`]), a server that
     /// cannot be reached, or the file write's error.
     pub fn edit(&self, edit: &Edit, persist: Option<&Persist<'_>>) -> Result<Change, PoolError> {
+        self.edit_draining(edit, persist, None)
+    }
+
+    /// As [`Pool::edit`], the old placement staying a warm-up source for
+    /// `drain` (instead of the pool's `warmup`): a removed server stops
+    /// owning keys at once, reads that miss on their new server are tried
+    /// on it, and its connections close when the window ends.
+    ///
+    /// # Errors
+    /// As [`Pool::edit`].
+    pub fn edit_draining(
+        &self,
+        edit: &Edit,
+        persist: Option<&Persist<'_>>,
+        drain: Option<Duration>,
+    ) -> Result<Change, PoolError> {
         let mut config = self.lock();
         let old = self.state.load_full();
         let (next, _) =
@@ -463,7 +537,8 @@ impl Pool {
             None => false,
         };
         *config = next;
-        let mut change = self.swap(edit.to_string(), Measure::Always, &old, new, config);
+        let window = drain.unwrap_or(config.warmup);
+        let mut change = self.swap(edit.to_string(), Measure::Always, &old, new, config, Some(window));
         change.persisted = persisted;
         if !persisted {
             tracing::info!(pool = %self.name, "{}: not persisted (the config file still has the old membership)", change.change);
@@ -527,7 +602,8 @@ impl Pool {
         let members = self.members_for(&new, &old.members)?;
         let state = self.state_for(&new, members)?;
         *config = new;
-        Ok(self.swap("reloaded the config".into(), Measure::Always, &old, state, config))
+        let window = config.warmup;
+        Ok(self.swap("reloaded the config".into(), Measure::Always, &old, state, config, Some(window)))
     }
 
     /// The members of `config` (its active and ejected servers): the
@@ -561,7 +637,7 @@ impl Pool {
         };
         let routing = routing_of(config, model.as_ref(), &members)?;
         let fingerprint = model.as_ref().map_or_else(|| "random".to_owned(), Snapshot::fingerprint);
-        Ok(PoolState { members, routing, model, version: config.version(), fingerprint })
+        Ok(PoolState { members, routing, model, version: config.version(), fingerprint, previous: Vec::new() })
     }
 
     /// Swaps `new` in (`config`, the change lock, held until then), counts
@@ -571,9 +647,15 @@ impl Pool {
         what: String,
         measure: Measure,
         old: &PoolState,
-        new: PoolState,
+        mut new: PoolState,
         config: std::sync::MutexGuard<'_, PoolConfig>,
+        window: Option<Duration>,
     ) -> Change {
+        if let Some(window) = window {
+            // A membership change: the old placement warms the new one up.
+            new.previous = warm_sources(old, window);
+        }
+        let warmup_seconds = window.unwrap_or_default().as_secs();
         let live_servers = new.live().count();
         let (version, fingerprint) = (new.version.clone(), new.fingerprint.clone());
         let new = Arc::new(new);
@@ -582,7 +664,10 @@ impl Pool {
         self.events.membership_changes.fetch_add(1, Relaxed);
         let moved_fraction = moved_fraction(old, &new, measure);
         tracing::info!(pool = %self.name, moved = format!("{:.4}", moved_fraction), live_servers, version = %version, "{what}");
-        Change { change: what, moved_fraction, live_servers, persisted: false, version, fingerprint }
+        if warmup_seconds > 0 {
+            tracing::info!(pool = %self.name, "the placement before `{what}` serves reads that miss for {warmup_seconds} s");
+        }
+        Change { change: what, moved_fraction, live_servers, persisted: false, version, fingerprint, warmup_seconds }
     }
 
     /// A health change: the members' ejections as `mark` sets them, the
@@ -604,10 +689,11 @@ impl Pool {
             model: old.model.clone(),
             version: old.version.clone(),
             fingerprint: old.fingerprint.clone(),
+            previous: unexpired(&old.previous),
         };
         // On a connection's thread: only an exact (cheap) measure of what
         // moved, no sampling.
-        Ok(self.swap(what, Measure::ExactOnly, &old, new, config))
+        Ok(self.swap(what, Measure::ExactOnly, &old, new, config, None))
     }
 
     /// The server for `key`, holding one unit of load on it until the
@@ -625,6 +711,26 @@ impl Pool {
         let node = bounded.acquire_hash_in(snapshot.key_hash(key), load_of, &self.events.load)?;
         let server = state.members[to_member[node]].server.clone();
         Some((server.clone(), Some(LoadRelease { pool: self.clone(), server })))
+    }
+
+    /// Forgets warm-up sources whose window has passed (their servers'
+    /// connections close when nothing else holds them).
+    fn prune_previous(&self) {
+        let at = Instant::now();
+        if self.state.load().previous.iter().all(|p| p.until > at) {
+            return;
+        }
+        let _config = self.lock();
+        let old = self.state.load_full();
+        let new = PoolState {
+            members: old.members.clone(),
+            routing: old.routing.clone(),
+            model: old.model.clone(),
+            version: old.version.clone(),
+            fingerprint: old.fingerprint.clone(),
+            previous: unexpired(&old.previous),
+        };
+        self.state.store(Arc::new(new));
     }
 
     fn auto_eject(&self, id: &str) {
@@ -722,7 +828,129 @@ async fn retry_task(pool: std::sync::Weak<Pool>) {
         tick.tick().await;
         let Some(pool) = pool.upgrade() else { return };
         pool.retry_due();
+        pool.prune_previous();
     }
+}
+
+/// Writes and warm-up copies of keys in flight, by stripe of the key
+/// space, so that a copy racing a write of its key can never leave an older
+/// value behind (in this proxy): a write marks its stripe while it runs and
+/// waits for the copies of the stripe to finish before it is answered; a
+/// copy does not start while a write of its stripe runs, and deletes what
+/// it copied when a write of its stripe started meanwhile.
+#[derive(Debug)]
+pub struct KeyWrites {
+    generation: Box<[AtomicU64]>,
+    writing: Box<[AtomicU64]>,
+    copying: Box<[AtomicU64]>,
+}
+
+const STRIPES: usize = 4096;
+
+impl Default for KeyWrites {
+    fn default() -> KeyWrites {
+        let zeros = || (0..STRIPES).map(|_| AtomicU64::new(0)).collect();
+        KeyWrites { generation: zeros(), writing: zeros(), copying: zeros() }
+    }
+}
+
+impl KeyWrites {
+    fn stripe(key: &[u8]) -> usize {
+        // FNV-1a: any spread will do.
+        let h = key.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        (h as usize ^ (h >> 32) as usize) % STRIPES
+    }
+
+    /// A write of `key` begins; call [`KeyWrites::end_write`] after its
+    /// server (and previous servers) answered, before answering the client.
+    pub fn begin_write(&self, key: &[u8]) -> usize {
+        let i = Self::stripe(key);
+        self.writing[i].fetch_add(1, SeqCst);
+        self.generation[i].fetch_add(1, SeqCst);
+        i
+    }
+
+    /// The write on stripe `i` is done: waits (at most `limit`) for the
+    /// copies of its stripe in flight.
+    pub async fn end_write(&self, i: usize, limit: Duration) {
+        self.generation[i].fetch_add(1, SeqCst);
+        self.writing[i].fetch_sub(1, SeqCst);
+        let deadline = Instant::now() + limit;
+        while self.copying[i].load(SeqCst) > 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// A warm-up copy of `key` begins, unless a write of its stripe is
+    /// running. Dropping the guard ends it.
+    fn try_copy(&self, key: &[u8]) -> Option<CopyGuard<'_>> {
+        let i = Self::stripe(key);
+        self.copying[i].fetch_add(1, SeqCst);
+        let guard = CopyGuard { writes: self, stripe: i, generation: self.generation[i].load(SeqCst) };
+        (self.writing[i].load(SeqCst) == 0).then_some(guard)
+    }
+
+    /// A warm-up copy of `key` begins once no write of its stripe runs
+    /// (waiting at most `limit`). Dropping the guard ends it.
+    pub async fn begin_copy(&self, key: &[u8], limit: Duration) -> Option<CopyGuard<'_>> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(guard) = self.try_copy(key) {
+                return Some(guard);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// A warm-up copy in flight (see [`KeyWrites`]).
+#[derive(Debug)]
+pub struct CopyGuard<'a> {
+    writes: &'a KeyWrites,
+    stripe: usize,
+    generation: u64,
+}
+
+impl CopyGuard<'_> {
+    /// Whether a write of the stripe began since the copy did: what the
+    /// copy stored may be older than that write and must go.
+    pub fn raced(&self) -> bool {
+        self.writes.generation[self.stripe].load(SeqCst) != self.generation
+    }
+}
+
+impl Drop for CopyGuard<'_> {
+    fn drop(&mut self) {
+        self.writes.copying[self.stripe].fetch_sub(1, SeqCst);
+    }
+}
+
+/// Warm-up sources kept at most (older ones are dropped first).
+const MAX_PREVIOUS: usize = 8;
+
+/// The warm-up sources of `old` still in their window.
+fn unexpired(previous: &[Arc<Previous>]) -> Vec<Arc<Previous>> {
+    let at = Instant::now();
+    previous.iter().filter(|p| p.until > at).cloned().collect()
+}
+
+/// The warm-up sources after a membership change from `old`: its placement
+/// for `window` (none when zero), then its own sources still in theirs.
+fn warm_sources(old: &PoolState, window: Duration) -> Vec<Arc<Previous>> {
+    let mut out = Vec::new();
+    if let (false, Some(routing)) = (window.is_zero(), &old.routing) {
+        out.push(Arc::new(Previous {
+            routing: routing.clone(),
+            servers: old.members.iter().map(|m| m.server.clone()).collect(),
+            until: Instant::now() + window,
+        }));
+    }
+    out.extend(unexpired(&old.previous));
+    out.truncate(MAX_PREVIOUS);
+    out
 }
 
 /// Load held on a server of a `bounded` pool; given back on drop.
@@ -745,12 +973,16 @@ impl Drop for LoadRelease {
 /// part of it), without the servers health has ejected (each removed by
 /// the placement's own change, so a pool agrees with its peers on every
 /// key of a server that is up). `None` when no server takes keys.
-fn routing_of(config: &PoolConfig, model: Option<&Snapshot>, members: &[Member]) -> Result<Option<Routing>, PoolError> {
+fn routing_of(
+    config: &PoolConfig,
+    model: Option<&Snapshot>,
+    members: &[Member],
+) -> Result<Option<Arc<Routing>>, PoolError> {
     let live: Vec<usize> = (0..members.len()).filter(|&i| members[i].ejected.is_none()).collect();
     if live.is_empty() {
         return Ok(None);
     }
-    let Some(model) = model else { return Ok(Some(Routing::Random(live))) };
+    let Some(model) = model else { return Ok(Some(Arc::new(Routing::Random(live)))) };
     let mut snapshot = model.clone();
     for m in members.iter().filter(|m| matches!(m.ejected, Some(Ejection::Auto(_)))) {
         if snapshot.nodes().iter().all(|n| n.id() != m.line.id) {
@@ -765,7 +997,7 @@ fn routing_of(config: &PoolConfig, model: Option<&Snapshot>, members: &[Member])
             Err(e) => tracing::warn!(pool = %config.name, server = %m.line.id, "cannot route around it: {e}"),
         }
     }
-    placed(snapshot, config, members).map(Some)
+    placed(snapshot, config, members).map(|r| Some(Arc::new(r)))
 }
 
 /// A placed routing: each placement node mapped (by id) to its live member;
@@ -795,7 +1027,7 @@ enum Measure {
 /// Share of the key space whose server changes between two states:
 /// exact for placements made of points, else measured on 100,000 keys.
 fn moved_fraction(old: &PoolState, new: &PoolState, measure: Measure) -> f64 {
-    let (old_r, new_r) = (old.routing.as_ref(), new.routing.as_ref());
+    let (old_r, new_r) = (old.routing.as_deref(), new.routing.as_deref());
     let (Some(Routing::Placed { snapshot: a, .. }), Some(Routing::Placed { snapshot: b, .. })) = (old_r, new_r) else {
         return if old_r.is_some() != new_r.is_some() { 1.0 } else { sampled(old, new, measure) };
     };
@@ -810,7 +1042,7 @@ fn sampled(old: &PoolState, new: &PoolState, measure: Measure) -> f64 {
     if measure == Measure::ExactOnly {
         return f64::NAN;
     }
-    match (old.routing.as_ref(), new.routing.as_ref()) {
+    match (old.routing.as_deref(), new.routing.as_deref()) {
         // Node ids are member ids: where the placements differ by id, keys moved.
         (Some(Routing::Placed { snapshot: a, .. }), Some(Routing::Placed { snapshot: b, .. })) => {
             a.moved_share(b, KEYS)

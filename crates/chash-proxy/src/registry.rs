@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use chash::config::Config;
 use chash::{Edit, KeyHasher, PoolConfig};
@@ -129,6 +130,15 @@ impl Registry {
     /// # Errors
     /// No such pool, the edit's error, or the file write's.
     pub fn edit(&self, pool: &str, edit: &Edit) -> Result<Change, PoolError> {
+        self.edit_draining(pool, edit, None)
+    }
+
+    /// As [`Registry::edit`], the old placement a warm-up source for
+    /// `drain` instead of the pool's `warmup` ([`Pool::edit_draining`]).
+    ///
+    /// # Errors
+    /// As [`Registry::edit`].
+    pub fn edit_draining(&self, pool: &str, edit: &Edit, drain: Option<Duration>) -> Result<Change, PoolError> {
         let p = self.pool(pool).ok_or_else(|| PoolError::UnknownPool(pool.to_owned()))?;
         let o = &self.shared.options;
         match (&o.config_path, o.persist) {
@@ -136,9 +146,9 @@ impl Registry {
                 let write = |name: &str, edit: &Edit, before: &PoolConfig, after: &PoolConfig| {
                     self.write_edit(path, name, edit, before, after)
                 };
-                p.edit(edit, Some(&write))
+                p.edit_draining(edit, Some(&write), drain)
             }
-            _ => p.edit(edit, None),
+            _ => p.edit_draining(edit, None, drain),
         }
     }
 

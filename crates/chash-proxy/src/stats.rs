@@ -86,6 +86,14 @@ counters! {
         cmd_set: Counter,
         /// Meta commands (`mg`, `ms`, `md`, `ma`, `me`, `mn`).
         cmd_meta: Counter,
+        /// Warm-up: reads that missed on a key's server and found it on its previous one.
+        warmup_hits: Counter,
+        /// Warm-up: reads that missed on a key's server and on its previous ones too.
+        warmup_misses: Counter,
+        /// Warm-up: values copied to a key's new server (`add`: a concurrent write wins).
+        warmup_copies: Counter,
+        /// Warm-up: deletes sent to a key's previous servers for writes during the window.
+        warmup_deletes: Counter,
         /// Large Redis replies passed on as they arrived.
         streamed_replies: Counter,
     }

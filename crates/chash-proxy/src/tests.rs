@@ -412,7 +412,7 @@ async fn persisted_changes_rebuild(distribution: &str, n: u64) {
             assert!(text.starts_with(&format!("# {distribution}\n")), "the rest of the file stays");
             let fresh = chash::config::Config::from_yaml(&text).unwrap().pool(None).unwrap().snapshot().unwrap();
             let state = pool.state();
-            let Some(crate::pool::Routing::Placed { snapshot: live, .. }) = &state.routing else { panic!() };
+            let Some(crate::pool::Routing::Placed { snapshot: live, .. }) = state.routing.as_deref() else { panic!() };
             let differ = live.moved_keys(&fresh, keys.iter().map(|k| k.as_bytes()));
             assert_eq!(differ, 0, "{distribution} step {step} after {edit}: {differ} keys differ");
             // And the live routing sends each node's keys to that server.

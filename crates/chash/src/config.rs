@@ -91,6 +91,13 @@ pub struct PoolFile {
     /// chash: AnchorHash's number of buckets, at least the number of servers
     /// (`distribution: anchor`; default 1024).
     pub anchor_capacity: Option<u32>,
+    /// chash (proxy, memcached pools): seconds after a membership change
+    /// during which a read that misses on a key's new server is tried on
+    /// its previous one (default 0: off).
+    pub warmup: Option<u64>,
+    /// chash: the TTL in seconds of a value copied by warm-up when its
+    /// server cannot tell the remaining one (default 0: no expiry).
+    pub warmup_ttl: Option<u64>,
 }
 
 /// A whole config file: pools in file order.
@@ -193,6 +200,8 @@ impl PoolFile {
         b = set(b, &self.probes, PoolBuilder::probes);
         b = set(b, &self.balance_factor, PoolBuilder::balance_factor);
         b = set(b, &self.anchor_capacity, PoolBuilder::anchor_capacity);
+        b = set(b, &self.warmup, PoolBuilder::warmup_secs);
+        b = set(b, &self.warmup_ttl, PoolBuilder::warmup_ttl_secs);
         for line in &self.servers {
             b = b.server_line(line);
         }

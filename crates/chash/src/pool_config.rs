@@ -77,6 +77,12 @@ pub struct PoolConfig {
     pub tcpkeepalive: bool,
     /// `SO_REUSEPORT` on the listener (`reuseport`; default false).
     pub reuseport: bool,
+    /// How long after a membership change a key's previous server is
+    /// tried when its new one misses (`warmup` in seconds; default 0: off).
+    pub warmup: Duration,
+    /// TTL of a value warm-up copies when the server it came from cannot
+    /// tell the remaining one (`warmup_ttl` in seconds; default 0: none).
+    pub warmup_ttl: u32,
 }
 
 impl PoolConfig {
@@ -204,6 +210,8 @@ pub struct PoolBuilder {
     server_failure_limit: Option<u32>,
     tcpkeepalive: Option<bool>,
     reuseport: Option<bool>,
+    warmup_secs: Option<u64>,
+    warmup_ttl_secs: Option<u64>,
 }
 
 /// A setter for an optional builder field.
@@ -247,6 +255,8 @@ impl PoolBuilder {
             server_failure_limit: None,
             tcpkeepalive: None,
             reuseport: None,
+            warmup_secs: None,
+            warmup_ttl_secs: None,
         }
     }
 
@@ -342,6 +352,14 @@ impl PoolBuilder {
         /// `reuseport`.
         reuseport: bool
     );
+    setter!(
+        /// `warmup` in seconds (0: off).
+        warmup_secs: u64
+    );
+    setter!(
+        /// `warmup_ttl` in seconds (0: no expiry).
+        warmup_ttl_secs: u64
+    );
 
     /// Servers, parsed already (lines in any state).
     pub fn servers(mut self, servers: Vec<ServerLine>) -> Self {
@@ -390,6 +408,11 @@ impl PoolBuilder {
             lines.push(line.parse()?);
         }
         let servers: Vec<ServerLine> = lines.iter().filter(|l| l.state == LineState::Active).cloned().collect();
+        if self.warmup_secs.is_some_and(|w| w > 0) && self.redis == Some(true) {
+            return Err(Error::Config(
+                "warmup applies to memcached pools (redis is true): Redis keeps no cache to warm".into(),
+            ));
+        }
         if self.redis_db.is_some_and(|db| db > 0) && self.redis != Some(true) {
             return Err(Error::Config("redis_db is set but redis is not true".into()));
         }
@@ -442,6 +465,9 @@ impl PoolBuilder {
             server_failure_limit: self.server_failure_limit.unwrap_or(2).max(1),
             tcpkeepalive: self.tcpkeepalive.unwrap_or(false),
             reuseport: self.reuseport.unwrap_or(false),
+            warmup: Duration::from_secs(self.warmup_secs.unwrap_or(0)),
+            warmup_ttl: u32::try_from(self.warmup_ttl_secs.unwrap_or(0))
+                .map_err(|_| Error::Config("warmup_ttl is more than 2^32 seconds".into()))?,
         };
         pool.check_lines()?;
         pool.check_supported()?;

@@ -9,6 +9,7 @@ pub mod reply;
 pub mod request;
 pub(crate) mod session;
 pub mod shard;
+mod warmup;
 
 pub use meta::{MetaCmd, MetaRequest};
 pub use reply::{values, Value, LINE, META, META_TO_MN, VALUES};

@@ -12,6 +12,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use super::meta::{MetaCmd, MetaRequest};
 use super::reply::{has_values, is_values, values, LINE, META, META_TO_MN, VALUES};
 use super::request::{parse_more_keys, skip_discarded};
+use super::warmup::{self, Invalidation};
 use super::{parse_request, Limits, Parsed, Request, RetrievalCmd};
 use crate::backend::{BackendError, Reply, Requester, Server};
 use crate::conn::{bytes_reply, nothing, ready, ready_owned, PendingReply, Session, Step};
@@ -46,6 +47,13 @@ impl MemcacheSession {
         let o = &shared.options;
         let limits = Limits { max_value: o.max_value(false), lenient_keys: o.lenient_keys };
         MemcacheSession { pool, shared, requester, limits, discard: 0, skip_line: false, continuing: None }
+    }
+
+    /// The requester, for a reply future's further requests, while a
+    /// warm-up window is open: reads that miss try the key's previous
+    /// servers, writes delete it there.
+    fn warming(&self) -> Option<Requester> {
+        (!self.pool.state().previous.is_empty()).then(|| self.requester.clone())
     }
 
     fn refused(&self, reply: &'static [u8]) -> PendingReply {
@@ -182,11 +190,27 @@ impl MemcacheSession {
             data.extend_from_slice(b"mn\r\n");
         }
         let framing = if to_mn { META_TO_MN } else { META };
-        let pending = server.submit(data.freeze(), framing, &self.requester).await;
+        let warm = self.warming();
+        let data = data.freeze();
+        let invalidation = match (&warm, m.cmd) {
+            (Some(r), MetaCmd::Set | MetaCmd::Delete | MetaCmd::Arith) => {
+                Invalidation::start(&self.pool, r, &server, &m.real_key).await
+            }
+            _ => None,
+        };
+        let pending = server.submit(data.clone(), framing, &self.requester).await;
         let pool = self.pool.clone();
         Box::pin(async move {
-            let result = server.finish(pending).await;
+            let mut result = server.finish(pending).await;
             drop(load);
+            if let Some(i) = invalidation {
+                i.finish().await;
+            }
+            if let (Some(r), MetaCmd::Get, Ok(Reply::Whole(reply))) = (&warm, m.cmd, &result) {
+                if reply.starts_with(b"EN") && warmup::fill(&pool, r, &server, &m.real_key).await {
+                    result = server.finish(server.submit(data, framing, r).await).await;
+                }
+            }
             let c = pool.counters();
             let reply = match result {
                 Ok(Reply::Whole(reply)) if to_mn => reply.slice(..reply.len().saturating_sub(b"MN\r\n".len())),
@@ -224,11 +248,18 @@ impl MemcacheSession {
         };
         let mut data = BytesMut::new();
         req.encode(&mut data);
+        let invalidation = match self.warming() {
+            Some(r) => Invalidation::start(&self.pool, &r, &server, key).await,
+            None => None,
+        };
         let pending = server.submit(data.freeze(), LINE, &self.requester).await;
         let pool = self.pool.clone();
         Box::pin(async move {
             let result = server.finish(pending).await;
             drop(load);
+            if let Some(i) = invalidation {
+                i.finish().await;
+            }
             let bytes = match result {
                 Ok(Reply::Whole(line)) => line,
                 Ok(Reply::Stream(_)) => Bytes::from_static(UNEXPECTED),
@@ -252,13 +283,20 @@ impl MemcacheSession {
             self.forward_error();
             return ready(NO_SERVER);
         };
+        let warm = self.warming().map(|r| (r, keys[0].clone()));
         let mut data = BytesMut::new();
         Request::Retrieval { cmd, exptime, keys }.encode(&mut data);
-        let pending = server.submit(data.freeze(), VALUES, &self.requester).await;
+        let data = data.freeze();
+        let pending = server.submit(data.clone(), VALUES, &self.requester).await;
         let pool = self.pool.clone();
         bytes_reply(async move {
-            let result = server.finish(pending).await;
+            let mut result = server.finish(pending).await;
             drop(load);
+            if let (Some((r, key)), Ok(Reply::Whole(raw))) = (&warm, &result) {
+                if is_values(raw) && !has_values(raw) && warmup::fill(&pool, r, &server, key).await {
+                    result = server.finish(server.submit(data, VALUES, r).await).await;
+                }
+            }
             let c = pool.counters();
             match result {
                 Ok(Reply::Whole(raw)) if is_values(&raw) => {
@@ -310,6 +348,12 @@ impl MemcacheSession {
         if groups.len() > 1 {
             self.pool.counters().fragments.fetch_add(groups.len() as u64, Relaxed);
         }
+        // While warming up: each key's server, to try the misses again.
+        let warm = self.warming().map(|r| {
+            let owners: Vec<(Bytes, Arc<Server>)> =
+                groups.iter().flat_map(|(s, ks)| ks.iter().map(|k| (k.clone(), s.clone()))).collect();
+            (r, owners)
+        });
         let mut waits = Vec::with_capacity(groups.len());
         for (server, group_keys) in groups {
             let mut data = BytesMut::new();
@@ -345,6 +389,20 @@ impl MemcacheSession {
                     c.forward_errors.fetch_add(1, Relaxed);
                 }
                 return Some(f);
+            }
+            if let Some((r, owners)) = warm {
+                for (key, server) in &owners {
+                    if found.contains_key(key) || !warmup::fill(&pool, &r, server, key).await {
+                        continue;
+                    }
+                    let mut data = BytesMut::new();
+                    Request::Retrieval { cmd, exptime, keys: vec![key.clone()] }.encode(&mut data);
+                    if let Ok(Reply::Whole(raw)) = server.finish(server.submit(data.freeze(), VALUES, &r).await).await {
+                        for v in values(&raw) {
+                            found.entry(v.key).or_insert(v.raw);
+                        }
+                    }
+                }
             }
             let mut out = BytesMut::new();
             let mut hits = 0;
