@@ -128,6 +128,11 @@ pub fn run(args: ConfigArgs) -> Result<()> {
     let text =
         std::fs::read_to_string(&file.config).with_context(|| format!("cannot read {}", file.config.display()))?;
     let edited = edit_text(&text, file.pool.as_deref(), &edit).with_context(|| file.config.display().to_string())?;
+    if matches!(edit, Edit::Add(_)) {
+        // A server the proxy could not connect to would make the file one
+        // it refuses: say so now.
+        chash_proxy::check_servers(&edited.after).with_context(|| file.config.display().to_string())?;
+    }
     let target = if file.in_place { Some(file.config.clone()) } else { file.output.clone() };
     match &target {
         Some(path) => {

@@ -61,6 +61,10 @@ pub fn run(args: FleetArgs) -> Result<bool> {
     let FleetCommand::Check { urls, config } = args.command;
     let mut rows: Vec<Row> = Vec::new();
     let mut problems: Vec<String> = Vec::new();
+    let mut unreachable: Vec<String> = Vec::new();
+    if urls.iter().any(|u| u.starts_with("https://")) {
+        bail!("https is not supported: give each admin endpoint as http://HOST:PORT");
+    }
     if let Some(path) = &config {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let cfg = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
@@ -97,7 +101,7 @@ pub fn run(args: FleetArgs) -> Result<bool> {
                     });
                 }
             }
-            Err(e) => problems.push(format!("{url}: cannot ask it: {e:#}")),
+            Err(e) => unreachable.push(format!("{url}: cannot ask it: {e:#}")),
         }
     }
     // Every pool any source has must be on every source, alike.
@@ -108,7 +112,7 @@ pub fn run(args: FleetArgs) -> Result<bool> {
     for pool in &pools {
         let of_pool: Vec<&Row> = rows.iter().filter(|r| r.pool == *pool).collect();
         for s in &sources {
-            if !problems.iter().any(|p| p.starts_with(s.as_str())) && !of_pool.iter().any(|r| r.source == *s) {
+            if !unreachable.iter().any(|p| p.starts_with(s.as_str())) && !of_pool.iter().any(|r| r.source == *s) {
                 problems.push(format!("{s}: has no pool {pool}"));
             }
         }
@@ -135,9 +139,12 @@ pub fn run(args: FleetArgs) -> Result<bool> {
         let ej = if r.ejected.is_empty() { "-" } else { r.ejected.as_str() };
         writeln!(out, "{:<w$}  {:<pw$}  {:<16}  {:<16}  {ej}", r.source, r.pool, r.version, r.fingerprint)?;
     }
-    if problems.is_empty() {
+    if problems.is_empty() && unreachable.is_empty() {
         writeln!(out, "agree: {} pool(s) on {} source(s)", pools.len(), sources.len())?;
         return Ok(true);
+    }
+    for p in &unreachable {
+        writeln!(out, "UNREACHABLE: {p}")?;
     }
     for p in &problems {
         writeln!(out, "DISAGREE: {p}")?;
@@ -152,7 +159,12 @@ fn fetch_stats(url: &str) -> Result<Value> {
         bail!("https is not supported; give the admin endpoint as http://HOST:PORT");
     }
     let (authority, base) = match rest.split_once('/') {
-        Some((a, p)) => (a, format!("/{}", p.trim_end_matches('/'))),
+        // The endpoint's base; a URL given with /stats already is taken as is.
+        Some((a, p)) => {
+            let p = p.trim_end_matches('/');
+            let p = p.strip_suffix("stats").unwrap_or(p).trim_end_matches('/');
+            (a, if p.is_empty() { String::new() } else { format!("/{p}") })
+        }
         None => (rest, String::new()),
     };
     let addr = authority
@@ -168,7 +180,7 @@ fn fetch_stats(url: &str) -> Result<Value> {
     let (head, body) = response.split_once("\r\n\r\n").context("not an HTTP response")?;
     let status = head.split_whitespace().nth(1).unwrap_or("?");
     if status != "200" {
-        bail!("GET /stats answered {status}");
+        bail!("GET {base}/stats answered {status}");
     }
     serde_json::from_str(body).context("GET /stats did not answer JSON")
 }

@@ -64,7 +64,7 @@ pub struct PlanArgs {
     #[arg(long, value_name = "NEW.yml")]
     to: PathBuf,
 
-    /// PoolConfig to compare, in both files (default: each file's first pool).
+    /// Pool to compare, in both files (default: each file's first pool).
     #[arg(long, value_name = "NAME")]
     pool: Option<String>,
 

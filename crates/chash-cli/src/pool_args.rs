@@ -15,7 +15,7 @@ pub struct PoolArgs {
     #[arg(short = 'c', long = "config", value_name = "FILE")]
     config: Option<PathBuf>,
 
-    /// PoolConfig to use (default: the first pool in the file).
+    /// Pool to use (default: the first pool in the file).
     #[arg(long, value_name = "NAME", requires = "config")]
     pool: Option<String>,
 

@@ -54,8 +54,9 @@ chash's defaults apply (distribution ring, hash xxh3, 160 vnodes per unit of
 weight). Distributions: ring, ketama, modula, nginx, jump, rendezvous, maglev,
 anchor (or memento), multiprobe, bounded (random has no fixed placement to
 print). --fingerprint prints each pool's membership version and placement
-fingerprint instead (every pool of the file unless --pool names one). jump, anchor and multiprobe take equal weights only. With bounded, keys
-are placed in input order and each holds one unit of load to the end, so no
+fingerprint instead (every pool of the file unless --pool names one). jump,
+anchor and multiprobe take equal weights only. With bounded, keys are placed
+in input order and each holds one unit of load to the end, so no
 server gets more than ceil(balance factor x mean) of them.")]
 pub struct RouteArgs {
     #[command(flatten)]
@@ -73,7 +74,7 @@ pub struct RouteArgs {
     /// Print each pool's membership version and placement fingerprint (as
     /// a proxy running the file reports them in /stats; `chash fleet check`
     /// compares them) instead of routing keys.
-    #[arg(long, conflicts_with_all = ["keys", "with_hash"])]
+    #[arg(long, conflicts_with_all = ["keys", "with_hash", "format"])]
     fingerprint: bool,
 
     /// Keys to route; without any, keys are read from standard input.

@@ -686,7 +686,7 @@ fn a_reload_that_would_renumber_is_refused() {
     let before = version_of(p.admin);
     std::fs::write(&config, yml(&[lines[0], lines[2]])).unwrap();
     let (status, body) = http(p.admin, "POST", "/reload", "", None);
-    assert_eq!(status, 200, "{body}");
+    assert_eq!(status, 409, "{body}");
     assert!(
         body.contains("\"error\"") && body.contains("127.0.0.1:41002") && body.contains("chash config remove"),
         "{body}"

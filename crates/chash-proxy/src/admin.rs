@@ -32,6 +32,7 @@ use tokio::sync::watch;
 
 use chash::Edit;
 
+use crate::pool::PoolError;
 use crate::registry::Registry;
 use crate::stats::{Desc, Kind, PoolSnapshot, ServerSnapshot};
 
@@ -161,10 +162,13 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
                     .into_iter()
                     .map(|(pool, r)| match r {
                         Ok(c) => json!({ "pool": pool, "change": c.change, "moved_fraction": c.moved_fraction, "live_servers": c.live_servers }),
+                        Err(e @ PoolError::NeedsRestart { .. }) => json!({ "pool": pool, "warning": e.to_string() }),
                         Err(e) => json!({ "pool": pool, "error": e.to_string() }),
                     })
                     .collect();
-                json_response(200, json!({ "reloaded": list }))
+                // Refused (409) when a pool kept its last good config.
+                let refused = list.iter().any(|v| v.get("error").is_some());
+                json_response(if refused { 409 } else { 200 }, json!({ "reloaded": list }))
             }
             Err(e) => error(400, e.to_string()),
         },
@@ -205,6 +209,8 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
                     }
                     json_response(200, v)
                 }
+                Err(e @ PoolError::Persist { .. }) => error(409, e.to_string()),
+                Err(e @ (PoolError::UnknownServer { .. } | PoolError::UnknownPool(_))) => error(404, e.to_string()),
                 Err(e) => error(400, e.to_string()),
             }
         }

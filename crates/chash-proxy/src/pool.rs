@@ -307,7 +307,15 @@ pub enum PoolError {
 impl fmt::Display for PoolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PoolError::Placement { pool, source } => write!(f, "pool {pool:?}: {source}"),
+            PoolError::Placement { pool, source } => {
+                // The library's message may name the pool already.
+                let text = source.to_string();
+                if text.contains(&format!("pool {pool}")) {
+                    f.write_str(&text)
+                } else {
+                    write!(f, "pool {pool:?}: {text}")
+                }
+            }
             PoolError::ServerLine(e) => write!(f, "{e}"),
             PoolError::DuplicateServer { pool, id } => write!(f, "server {id:?} is already in pool {pool:?}"),
             PoolError::UnknownServer { pool, id } => write!(f, "no server {id:?} in pool {pool:?}"),

@@ -116,8 +116,13 @@ impl Lines {
     }
 }
 
-fn unknown(pool: &str, id: &str) -> Error {
-    Error::Change(format!("pool {pool} has no server {id:?}"))
+fn unknown(l: &Lines, pool: &str, id: &str) -> Error {
+    match l.lines.iter().find(|line| line.id == id) {
+        Some(line) => {
+            Error::Change(format!("server {id:?} of pool {pool} was removed already (its line says `{line}`)"))
+        }
+        None => Error::Change(format!("pool {pool} has no server {id:?}")),
+    }
 }
 
 impl PoolConfig {
@@ -149,7 +154,7 @@ impl PoolConfig {
                 }
             }
             Edit::Remove(id) => {
-                let at = l.member(id).ok_or_else(|| unknown(&self.name, id))?;
+                let at = l.member(id).ok_or_else(|| unknown(&l, &self.name, id))?;
                 match (anchor, l.lines[at].state) {
                     (true, LineState::Active) if l.last_and_only_free(at) => l.delete(at),
                     (true, LineState::Active) => {
@@ -161,14 +166,14 @@ impl PoolConfig {
                 }
             }
             Edit::Weight(id, weight) => {
-                let at = l.member(id).ok_or_else(|| unknown(&self.name, id))?;
+                let at = l.member(id).ok_or_else(|| unknown(&l, &self.name, id))?;
                 if *weight == 0 {
                     return Err(Error::ZeroWeight(id.clone()));
                 }
                 l.replace(at, ServerLine { weight: *weight, ..l.lines[at].clone() });
             }
             Edit::Eject(id) => {
-                let at = l.member(id).ok_or_else(|| unknown(&self.name, id))?;
+                let at = l.member(id).ok_or_else(|| unknown(&l, &self.name, id))?;
                 if l.lines[at].state != LineState::Active {
                     return Err(Error::Change(format!("server {id:?} of pool {} is already ejected", self.name)));
                 }
@@ -182,7 +187,7 @@ impl PoolConfig {
                 l.replace(at, l.lines[at].with_state(state));
             }
             Edit::Restore(id) => {
-                let at = l.member(id).ok_or_else(|| unknown(&self.name, id))?;
+                let at = l.member(id).ok_or_else(|| unknown(&l, &self.name, id))?;
                 let state = l.lines[at].state;
                 if state == LineState::Active {
                     return Err(Error::Change(format!("server {id:?} of pool {} is not ejected", self.name)));
@@ -262,7 +267,10 @@ impl PoolConfig {
         }
         orders.sort_unstable();
         if let Some(w) = orders.windows(2).find(|w| w[0] == w[1]) {
-            return Err(Error::Config(format!("two server lines say their bucket was freed {}-th", w[0])));
+            return Err(Error::Config(format!(
+                "two server lines are marked as bucket number {} freed (each `removed N`/`ejected N` is a different N)",
+                w[0]
+            )));
         }
         Ok(())
     }
@@ -352,14 +360,15 @@ impl PoolConfig {
             }
             let how = if new.distribution == Distribution::Anchor {
                 format!(
-                    "in an anchor pool a server's line is its bucket: keep the line and mark it `removed` (chash \
-                     config remove -c FILE --pool {} {id}), or put it back where it was",
+                    "in an anchor pool a server's line is its bucket: put the line back where it was, then remove \
+                     the server with `chash config remove -c FILE --pool {} {id}` (which keeps its line, marked \
+                     `removed N`)",
                     self.name
                 )
             } else {
                 format!(
-                    "jump numbers servers by their place: only the last server can leave (chash config remove -c \
-                     FILE --pool {} ID, for the last one); put {id} back where it was",
+                    "jump numbers servers by their place: put {id} back where it was; only the last server can \
+                     leave (chash config remove -c FILE --pool {} ID, for the last one)",
                     self.name
                 )
             };
@@ -517,7 +526,7 @@ mod tests {
             b.build().unwrap_err().to_string()
         };
         assert!(err("ring", &["a:1", "b:1 removed 1"]).contains("anchor pools"));
-        assert!(err("anchor", &["a:1 removed 1", "b:1 removed 1", "c:1"]).contains("freed 1-th"));
+        assert!(err("anchor", &["a:1 removed 1", "b:1 removed 1", "c:1"]).contains("bucket number 1 freed"));
         assert!(err("ring", &["a:1 ejected"]).contains("none of its servers"));
         assert!(err("ring", &["a:1", "a:1 ejected"]).contains("duplicate"));
     }
