@@ -49,6 +49,12 @@ pub struct PoolSettings {
     pub redis_db: u32,
     /// TTL of warm-up copies whose server did not tell one (`warmup_ttl`).
     pub warmup_ttl: u32,
+    /// Copies of each key (`replicas`).
+    pub replicas: usize,
+    /// Reads go to any healthy replica (`read: random`).
+    pub read_random: bool,
+    /// Unreachable servers' keys go to their next candidates (`failover: next`).
+    pub failover: bool,
 }
 
 impl PoolSettings {
@@ -72,6 +78,9 @@ impl PoolSettings {
             redis_auth: pool.redis_auth.clone(),
             redis_db: pool.redis_db,
             warmup_ttl: pool.warmup_ttl,
+            replicas: pool.replicas.max(1) as usize,
+            read_random: pool.read_random,
+            failover: pool.failover,
         }
     }
 }
@@ -102,6 +111,7 @@ impl Member {
         match self.ejected {
             Some(Ejection::Admin) => "ejected",
             Some(Ejection::Auto(_)) => "auto-ejected",
+            None if self.server.health().is_failed_over() => "failed-over",
             None if self.server.is_down() => "down",
             None => "up",
         }
@@ -201,6 +211,31 @@ impl PoolState {
                     out.push(s.clone());
                 }
             }
+        }
+        out
+    }
+
+    /// Up to `n` distinct servers for `key` in its placement's candidate
+    /// order, servers failed over left out (none left: the owner).
+    pub fn candidates(&self, key: &[u8], n: usize) -> Vec<Arc<Server>> {
+        use chash::Placement as _;
+        let mut out: Vec<Arc<Server>> = Vec::new();
+        match self.routing.as_deref() {
+            Some(Routing::Placed { snapshot, to_member }) => {
+                for node in snapshot.placement().candidates_hash(snapshot.key_hash(key)) {
+                    let server = &self.members[to_member[node]].server;
+                    if !server.health().is_failed_over() && !out.iter().any(|s| Arc::ptr_eq(s, server)) {
+                        out.push(server.clone());
+                        if out.len() == n {
+                            break;
+                        }
+                    }
+                }
+                if out.is_empty() {
+                    out.extend(self.server_for(key).cloned());
+                }
+            }
+            _ => out.extend(self.server_for(key).cloned()),
         }
         out
     }
@@ -353,6 +388,8 @@ pub struct Pool {
     counters: Arc<PerWorker<PoolCounters>>,
     /// Writes and warm-up copies in flight (used during warm-up windows).
     pub writes: KeyWrites,
+    /// How failed-over servers are probed.
+    probe: std::sync::OnceLock<Setup>,
     /// Counters of events that are not per request.
     pub events: PoolEvents,
 }
@@ -386,7 +423,7 @@ impl Pool {
             let cell = cell.clone();
             Arc::new(move |id: &str| {
                 if let Some(pool) = cell.get().and_then(std::sync::Weak::upgrade) {
-                    pool.auto_eject(id);
+                    pool.server_failing(id);
                 }
             })
         };
@@ -414,6 +451,7 @@ impl Pool {
             on_failure,
             counters: Arc::new(PerWorker::new(workers.count())),
             writes: KeyWrites::default(),
+            probe: std::sync::OnceLock::new(),
             workers,
             events: PoolEvents::default(),
         });
@@ -481,7 +519,7 @@ impl Pool {
             locally_ejected: state
                 .members
                 .iter()
-                .filter(|m| matches!(m.ejected, Some(Ejection::Auto(_))))
+                .filter(|m| matches!(m.ejected, Some(Ejection::Auto(_))) || m.server.health().is_failed_over())
                 .map(|m| m.line.id.clone())
                 .collect(),
             servers: state
@@ -710,7 +748,16 @@ impl Pool {
     pub fn acquire(self: &Arc<Self>, key: &[u8]) -> Option<(Arc<Server>, Option<LoadRelease>)> {
         let state = self.state.load();
         let Some((bounded, snapshot, to_member)) = state.bounded() else {
-            return state.server_for(key).map(|s| (s.clone(), None));
+            let owner = state.server_for(key)?;
+            let s = &self.settings;
+            if s.replicas > 1 && s.read_random {
+                let replicas = state.candidates(key, s.replicas);
+                return Some((replicas[(next_random() % replicas.len() as u64) as usize].clone(), None));
+            }
+            if (s.failover || s.replicas > 1) && owner.health().is_failed_over() {
+                return state.candidates(key, 1).pop().map(|s| (s, None));
+            }
+            return Some((owner.clone(), None));
         };
         // Each server's load lives in its Server, which every placement of
         // the pool shares: a change made while requests hold load leaves
@@ -739,6 +786,53 @@ impl Pool {
             previous: unexpired(&old.previous),
         };
         self.state.store(Arc::new(new));
+    }
+
+    /// The servers a write of `key` goes to: its first `replicas`
+    /// candidates that are not failed over.
+    pub fn replicas_for(&self, key: &[u8]) -> Vec<Arc<Server>> {
+        self.state.load().candidates(key, self.settings.replicas)
+    }
+
+    /// With `failover: next` or replicas: the first of `key`'s candidates
+    /// not tried yet (and not failed over), for a request its server could
+    /// not take. `None` otherwise.
+    pub fn next_candidate(&self, key: &[u8], tried: &[Arc<Server>]) -> Option<Arc<Server>> {
+        if !self.settings.failover && self.settings.replicas < 2 {
+            return None;
+        }
+        let state = self.state.load();
+        let all = state.members.len();
+        state.candidates(key, all).into_iter().find(|s| !tried.iter().any(|t| Arc::ptr_eq(s, t)))
+    }
+
+    /// What the command a server is probed with (`version`, `PING`) is:
+    /// set once, by the protocol the pool speaks.
+    pub fn set_probe(&self, probe: Setup) {
+        let _ = self.probe.set(probe);
+    }
+
+    /// A server reached its failure limit.
+    fn server_failing(self: &Arc<Self>, id: &str) {
+        if self.settings.failover || self.settings.replicas > 1 {
+            self.fail_over(id);
+        } else {
+            self.auto_eject(id);
+        }
+    }
+
+    /// `failover: next` (or replicas): the server's keys go to their next
+    /// candidates, the placement unchanged, until it has answered probes
+    /// for `server_retry_timeout` in a row.
+    fn fail_over(self: &Arc<Self>, id: &str) {
+        let state = self.state.load();
+        let Some(member) = state.members.iter().find(|m| m.line.id == id) else { return };
+        if !member.server.health().fail_over() {
+            return;
+        }
+        self.events.failovers.fetch_add(1, Relaxed);
+        tracing::warn!(pool = %self.name, server = id, "failed over: its keys go to their next servers until it is back");
+        tokio::spawn(probe_task(Arc::downgrade(self), member.server.clone()));
     }
 
     fn auto_eject(&self, id: &str) {
@@ -826,6 +920,47 @@ fn find(members: &[Member], id: &str, pool: &str) -> Result<usize, PoolError> {
         .iter()
         .position(|m| m.line.id == id)
         .ok_or_else(|| PoolError::UnknownServer { pool: pool.to_owned(), id: id.to_owned() })
+}
+
+/// How often a failed-over server is probed.
+const PROBE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Probes a failed-over server until it has answered every probe for the
+/// pool's `server_retry_timeout`, then takes it back (a flapping server
+/// stays out); ends when the pool or the server is gone.
+async fn probe_task(pool: std::sync::Weak<Pool>, server: Arc<Server>) {
+    let requester = crate::backend::Requester {
+        affinity: 0,
+        account: crate::backend::ReplyAccount::new(1 << 20),
+        dialect: 0,
+    };
+    let mut up_since: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(PROBE_INTERVAL).await;
+        let Some(pool) = pool.upgrade() else { return };
+        if !pool.state.load().members.iter().any(|m| Arc::ptr_eq(&m.server, &server)) {
+            server.health().recover();
+            return;
+        }
+        let ok = match pool.probe.get() {
+            Some(probe) => {
+                let request = probe.requests.first().cloned().unwrap_or_default();
+                let pending = server.submit(request, probe.framing, &requester).await;
+                matches!(server.finish(pending).await, Ok(crate::backend::Reply::Whole(r)) if (probe.check)(&r).is_ok())
+            }
+            None => !server.is_down(),
+        };
+        if !ok {
+            up_since = None;
+            continue;
+        }
+        let since = *up_since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= pool.settings.retry_timeout {
+            server.health().recover();
+            tracing::info!(pool = %pool.name, server = %server.id(), "back after failover: answered probes for {:?}", pool.settings.retry_timeout);
+            return;
+        }
+    }
 }
 
 /// Gives auto-ejected servers another chance when their time is up.

@@ -141,6 +141,24 @@ async fn bind_tcp(what: &str, addr: SocketAddr) -> Result<TcpListener, StartErro
     })
 }
 
+/// What a failed-over server is probed with: memcached's `version`, or
+/// Redis's `PING`.
+fn probe(redis: bool) -> crate::backend::Setup {
+    if redis {
+        crate::backend::Setup {
+            requests: vec![bytes::Bytes::from_static(b"*1\r\n$4\r\nPING\r\n")],
+            framing: crate::redis::resp::WHOLE,
+            check: |r| if r.starts_with(b"+PONG") { Ok(()) } else { Err(String::from_utf8_lossy(r).into_owned()) },
+        }
+    } else {
+        crate::backend::Setup {
+            requests: vec![bytes::Bytes::from_static(b"version\r\n")],
+            framing: crate::memcache::LINE,
+            check: |r| if r.starts_with(b"VERSION") { Ok(()) } else { Err(String::from_utf8_lossy(r).into_owned()) },
+        }
+    }
+}
+
 /// Starts serving `pools` (each on its `listen` address) and, when asked,
 /// the admin endpoint and the stats port. Must be called inside a tokio
 /// runtime.
@@ -162,6 +180,7 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         let dialects =
             if c.redis { crate::redis::handshake::dialects(c.redis_auth.as_deref(), c.redis_db) } else { vec![None] };
         let pool = Pool::start(spec.config, spec.addresses, workers.clone(), dialects).map_err(StartError::Pool)?;
+        pool.set_probe(probe(pool.settings.redis));
         let listener = bind(&pool.settings.listen, pool.settings.backlog).map_err(|source| StartError::Listen {
             what: format!("pool {:?}", pool.name),
             addr: pool.settings.listen.clone(),

@@ -86,6 +86,10 @@ counters! {
         cmd_set: Counter,
         /// Meta commands (`mg`, `ms`, `md`, `ma`, `me`, `mn`).
         cmd_meta: Counter,
+        /// Requests sent to a key's next server because its own could not take them (failover, replicas).
+        failover_requests: Counter,
+        /// Writes a replica failed (the client got another replica's reply).
+        replica_failures: Counter,
         /// Warm-up: reads that missed on a key's server and found it on its previous one.
         warmup_hits: Counter,
         /// Warm-up: reads that missed on a key's server and on its previous ones too.
@@ -106,6 +110,8 @@ counters! {
         membership_changes: Counter,
         /// Times a server was ejected by health (auto_eject_hosts).
         server_ejects: Counter,
+        /// Times a server was failed over (failover: next, replicas): its keys sent to their next servers.
+        failovers: Counter,
         /// Load held on all its servers (distribution bounded: requests in flight).
         load: Gauge,
     }

@@ -98,6 +98,15 @@ pub struct PoolFile {
     /// chash: the TTL in seconds of a value copied by warm-up when its
     /// server cannot tell the remaining one (default 0: no expiry).
     pub warmup_ttl: Option<u64>,
+    /// chash (proxy, memcached pools): copies of each key, on its first
+    /// `replicas` distinct candidates (default 1).
+    pub replicas: Option<u32>,
+    /// chash: where reads of a replicated pool go: `first` (the first
+    /// healthy candidate, the default) or `random` (any healthy replica).
+    pub read: Option<String>,
+    /// chash (proxy): `next` sends a key whose server is unreachable to its
+    /// next candidate without changing the placement; `none` (default).
+    pub failover: Option<String>,
 }
 
 /// A whole config file: pools in file order.
@@ -202,6 +211,9 @@ impl PoolFile {
         b = set(b, &self.anchor_capacity, PoolBuilder::anchor_capacity);
         b = set(b, &self.warmup, PoolBuilder::warmup_secs);
         b = set(b, &self.warmup_ttl, PoolBuilder::warmup_ttl_secs);
+        b = set(b, &self.replicas, PoolBuilder::replicas);
+        b = set(b, &self.read, |b, v: String| b.read(&v));
+        b = set(b, &self.failover, |b, v: String| b.failover(&v));
         for line in &self.servers {
             b = b.server_line(line);
         }

@@ -83,6 +83,15 @@ pub struct PoolConfig {
     /// TTL of a value warm-up copies when the server it came from cannot
     /// tell the remaining one (`warmup_ttl` in seconds; default 0: none).
     pub warmup_ttl: u32,
+    /// Copies of each key, on its first distinct candidates (`replicas`;
+    /// default 1).
+    pub replicas: u32,
+    /// Reads of a replicated pool: any healthy replica instead of the
+    /// first healthy candidate (`read: random`; default `first`).
+    pub read_random: bool,
+    /// A key whose server is unreachable goes to its next candidate, the
+    /// placement unchanged (`failover: next`; default `none`).
+    pub failover: bool,
 }
 
 impl PoolConfig {
@@ -212,6 +221,9 @@ pub struct PoolBuilder {
     reuseport: Option<bool>,
     warmup_secs: Option<u64>,
     warmup_ttl_secs: Option<u64>,
+    replicas: Option<u32>,
+    read: Option<String>,
+    failover: Option<String>,
 }
 
 /// A setter for an optional builder field.
@@ -257,6 +269,9 @@ impl PoolBuilder {
             reuseport: None,
             warmup_secs: None,
             warmup_ttl_secs: None,
+            replicas: None,
+            read: None,
+            failover: None,
         }
     }
 
@@ -360,6 +375,18 @@ impl PoolBuilder {
         /// `warmup_ttl` in seconds (0: no expiry).
         warmup_ttl_secs: u64
     );
+    setter!(
+        /// `replicas` (at least 1).
+        replicas: u32
+    );
+    setter!(
+        /// `read`: `first` or `random`.
+        read: &str
+    );
+    setter!(
+        /// `failover`: `none` or `next`.
+        failover: &str
+    );
 
     /// Servers, parsed already (lines in any state).
     pub fn servers(mut self, servers: Vec<ServerLine>) -> Self {
@@ -410,7 +437,7 @@ impl PoolBuilder {
         let servers: Vec<ServerLine> = lines.iter().filter(|l| l.state == LineState::Active).cloned().collect();
         if self.warmup_secs.is_some_and(|w| w > 0) && self.redis == Some(true) {
             return Err(Error::Config(
-                "warmup applies to memcached pools (redis is true): Redis keeps no cache to warm".into(),
+                "warmup applies to memcached pools (redis is true)".into(),
             ));
         }
         if self.redis_db.is_some_and(|db| db > 0) && self.redis != Some(true) {
@@ -468,7 +495,34 @@ impl PoolBuilder {
             warmup: Duration::from_secs(self.warmup_secs.unwrap_or(0)),
             warmup_ttl: u32::try_from(self.warmup_ttl_secs.unwrap_or(0))
                 .map_err(|_| Error::Config("warmup_ttl is more than 2^32 seconds".into()))?,
+            replicas: self.replicas.unwrap_or(1),
+            read_random: match self.read.as_deref() {
+                None | Some("first") => false,
+                Some("random") => true,
+                Some(other) => return Err(Error::Config(format!("read: {other:?}: use first or random"))),
+            },
+            failover: match self.failover.as_deref() {
+                None | Some("none") => false,
+                Some("next") => true,
+                Some(other) => return Err(Error::Config(format!("failover: {other:?}: use none or next"))),
+            },
         };
+        if pool.replicas == 0 {
+            return Err(Error::Config("replicas: 0: every key needs at least one copy (the default is 1)".into()));
+        }
+        if pool.replicas > 1 && pool.redis {
+            return Err(Error::Config("replicas applies to memcached pools (redis is true)".into()));
+        }
+        if (pool.replicas > 1 || pool.failover) && pool.distribution == Distribution::Random {
+            return Err(Error::Config("replicas and failover need a placement (distribution random has none)".into()));
+        }
+        if pool.failover && pool.auto_eject_hosts {
+            return Err(Error::Config(
+                "failover: next and auto_eject_hosts: true both handle failing servers; choose one (failover keeps \
+                 the placement, auto_eject_hosts rebuilds it without the server)"
+                    .into(),
+            ));
+        }
         pool.check_lines()?;
         pool.check_supported()?;
         if !matches!(

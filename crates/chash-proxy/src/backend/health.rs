@@ -20,6 +20,7 @@ pub struct Health {
     id: String,
     failures: AtomicU32,
     down: AtomicBool,
+    failed_over: AtomicBool,
     limit: u32,
     on_failure: Option<FailureHook>,
     retry: Notify,
@@ -39,6 +40,7 @@ impl Health {
             id,
             failures: AtomicU32::new(0),
             down: AtomicBool::new(false),
+            failed_over: AtomicBool::new(false),
             limit: limit.max(1),
             on_failure,
             retry: Notify::new(),
@@ -53,6 +55,23 @@ impl Health {
     /// Whether the last connection attempt failed.
     pub fn is_down(&self) -> bool {
         self.down.load(Relaxed)
+    }
+
+    /// Whether the pool sends this server's keys to their next candidates
+    /// (`failover: next`) until probes show it up for long enough.
+    pub fn is_failed_over(&self) -> bool {
+        self.failed_over.load(Relaxed)
+    }
+
+    /// Marks the server failed over; true if it was not yet.
+    pub fn fail_over(&self) -> bool {
+        !self.failed_over.swap(true, Relaxed)
+    }
+
+    /// Takes the server back after failover.
+    pub fn recover(&self) {
+        self.failures.store(0, Relaxed);
+        self.failed_over.store(false, Relaxed);
     }
 
     /// Consecutive failures so far.

@@ -56,6 +56,14 @@ impl MemcacheSession {
         (!self.pool.state().previous.is_empty()).then(|| self.requester.clone())
     }
 
+    /// The requester, for a reply future's further requests, when the pool
+    /// sends a request its server could not take to the key's next server
+    /// (`failover: next`, replicas).
+    fn failing_over(&self) -> Option<Requester> {
+        let s = &self.pool.settings;
+        (s.failover || s.replicas > 1).then(|| self.requester.clone())
+    }
+
     fn refused(&self, reply: &'static [u8]) -> PendingReply {
         self.pool.counters().errors.fetch_add(1, Relaxed);
         ready(reply)
@@ -198,6 +206,11 @@ impl MemcacheSession {
             }
             _ => None,
         };
+        let writes = matches!(m.cmd, MetaCmd::Set | MetaCmd::Delete | MetaCmd::Arith);
+        if writes && self.pool.settings.replicas > 1 && !to_mn && !m.quiet {
+            return self.replicated_meta(&m.real_key, data).await;
+        }
+        let failover = self.failing_over().map(|r| (r, m.real_key.clone()));
         let pending = server.submit(data.clone(), framing, &self.requester).await;
         let pool = self.pool.clone();
         Box::pin(async move {
@@ -205,6 +218,11 @@ impl MemcacheSession {
             drop(load);
             if let Some(i) = invalidation {
                 i.finish().await;
+            }
+            let mut server = server;
+            if let Some((r, key)) = failover {
+                let read = !writes;
+                (server, result) = elsewhere(&pool, &r, &key, server, data.clone(), framing, read, result).await;
             }
             if let (Some(r), MetaCmd::Get, Ok(Reply::Whole(reply))) = (&warm, m.cmd, &result) {
                 if reply.starts_with(b"EN") && warmup::fill(&pool, r, &server, &m.real_key).await {
@@ -232,6 +250,18 @@ impl MemcacheSession {
         })
     }
 
+    /// A meta write of a replicated pool (see [`MemcacheSession::replicated`]).
+    async fn replicated_meta(&self, key: &[u8], data: Bytes) -> PendingReply {
+        let servers = self.pool.replicas_for(key);
+        let mut waits = Vec::with_capacity(servers.len());
+        for server in servers {
+            let pending = server.submit(data.clone(), META, &self.requester).await;
+            waits.push((server, pending));
+        }
+        let pool = self.pool.clone();
+        Box::pin(async move { Some(crate::conn::Out::Bytes(gather_replicas(&pool, waits).await)) })
+    }
+
     /// Counts a request answered with an error the proxy made up.
     fn forward_error(&self) {
         let c = self.pool.counters();
@@ -248,17 +278,26 @@ impl MemcacheSession {
         };
         let mut data = BytesMut::new();
         req.encode(&mut data);
+        let data = data.freeze();
+        if self.pool.settings.replicas > 1 {
+            return self.replicated(key, data, noreply).await;
+        }
         let invalidation = match self.warming() {
             Some(r) => Invalidation::start(&self.pool, &r, &server, key).await,
             None => None,
         };
-        let pending = server.submit(data.freeze(), LINE, &self.requester).await;
+        let failover = self.failing_over().map(|r| (r, Bytes::copy_from_slice(key), data.clone()));
+        let pending = server.submit(data, LINE, &self.requester).await;
         let pool = self.pool.clone();
         Box::pin(async move {
-            let result = server.finish(pending).await;
+            let mut result = server.finish(pending).await;
             drop(load);
             if let Some(i) = invalidation {
                 i.finish().await;
+            }
+            let mut server = server;
+            if let Some((r, key, data)) = failover {
+                (server, result) = elsewhere(&pool, &r, &key, server, data, LINE, false, result).await;
             }
             let bytes = match result {
                 Ok(Reply::Whole(line)) => line,
@@ -276,6 +315,23 @@ impl MemcacheSession {
         })
     }
 
+    /// A write of a replicated pool: to the key's first `replicas`
+    /// candidates at once; the client gets the first one's reply that came
+    /// (in candidate order), and a replica that fails is counted and logged.
+    async fn replicated(&self, key: &[u8], data: Bytes, noreply: bool) -> PendingReply {
+        let servers = self.pool.replicas_for(key);
+        let mut waits = Vec::with_capacity(servers.len());
+        for server in servers {
+            let pending = server.submit(data.clone(), LINE, &self.requester).await;
+            waits.push((server, pending));
+        }
+        let pool = self.pool.clone();
+        Box::pin(async move {
+            let reply = gather_replicas(&pool, waits).await;
+            (!noreply).then_some(crate::conn::Out::Bytes(reply))
+        })
+    }
+
     /// One key: one server, whose reply is forwarded as it came.
     async fn retrieval_one(&self, cmd: RetrievalCmd, exptime: i64, keys: Vec<Bytes>) -> PendingReply {
         self.pool.counters().get_keys.fetch_add(1, Relaxed);
@@ -284,6 +340,7 @@ impl MemcacheSession {
             return ready(NO_SERVER);
         };
         let warm = self.warming().map(|r| (r, keys[0].clone()));
+        let failover = self.failing_over().map(|r| (r, keys[0].clone()));
         let mut data = BytesMut::new();
         Request::Retrieval { cmd, exptime, keys }.encode(&mut data);
         let data = data.freeze();
@@ -292,6 +349,10 @@ impl MemcacheSession {
         bytes_reply(async move {
             let mut result = server.finish(pending).await;
             drop(load);
+            let mut server = server;
+            if let Some((r, key)) = failover {
+                (server, result) = elsewhere(&pool, &r, &key, server, data.clone(), VALUES, true, result).await;
+            }
             if let (Some((r, key)), Ok(Reply::Whole(raw))) = (&warm, &result) {
                 if is_values(raw) && !has_values(raw) && warmup::fill(&pool, r, &server, key).await {
                     result = server.finish(server.submit(data, VALUES, r).await).await;
@@ -354,20 +415,44 @@ impl MemcacheSession {
                 groups.iter().flat_map(|(s, ks)| ks.iter().map(|k| (k.clone(), s.clone()))).collect();
             (r, owners)
         });
+        let failover = self.failing_over();
         let mut waits = Vec::with_capacity(groups.len());
         for (server, group_keys) in groups {
+            let again = failover.as_ref().map(|_| group_keys.clone()).unwrap_or_default();
             let mut data = BytesMut::new();
             Request::Retrieval { cmd, exptime, keys: group_keys }.encode(&mut data);
             let pending = server.submit(data.freeze(), VALUES, &self.requester).await;
-            waits.push((server, pending));
+            waits.push((server, pending, again));
         }
         let pool = self.pool.clone();
         bytes_reply(async move {
             let mut found: HashMap<Bytes, Bytes> = HashMap::new();
             let mut failure: Option<Bytes> = None;
             let mut forward_error = false;
-            for (server, pending) in waits {
-                match server.finish(pending).await {
+            for (server, pending, again) in waits {
+                let mut result = server.finish(pending).await;
+                if let (Some(r), Err(_)) = (&failover, &result) {
+                    // Each key of the group to its next server, one by one.
+                    for key in again {
+                        let mut data = BytesMut::new();
+                        Request::Retrieval { cmd, exptime, keys: vec![key.clone()] }.encode(&mut data);
+                        let failed = Err(BackendError::Gone);
+                        let (_, one) = elsewhere(&pool, r, &key, server.clone(), data.freeze(), VALUES, true, failed).await;
+                        match one {
+                            Ok(Reply::Whole(raw)) if is_values(&raw) => {
+                                for v in values(&raw) {
+                                    found.entry(v.key).or_insert(v.raw);
+                                }
+                                result = Ok(Reply::Whole(Bytes::from_static(b"END\r\n")));
+                            }
+                            other => {
+                                result = other;
+                                break;
+                            }
+                        }
+                    }
+                }
+                match result {
                     Ok(Reply::Whole(raw)) if is_values(&raw) => {
                         for v in values(&raw) {
                             found.entry(v.key).or_insert(v.raw);
@@ -443,6 +528,68 @@ impl MemcacheSession {
             (!noreply).then_some(reply)
         })
     }
+}
+
+/// The replies of a replicated write: the first that came, in candidate
+/// order; replicas that failed are counted and logged; an error when all
+/// failed.
+async fn gather_replicas(pool: &Pool, waits: Vec<(Arc<Server>, crate::backend::Pending)>) -> Bytes {
+    let (mut reply, mut failure) = (None, None);
+    for (server, pending) in waits {
+        match server.finish(pending).await {
+            Ok(Reply::Whole(r)) => {
+                reply.get_or_insert(r);
+            }
+            Ok(Reply::Stream(_)) => {
+                reply.get_or_insert(Bytes::from_static(UNEXPECTED));
+            }
+            Err(e) => {
+                pool.counters().replica_failures.fetch_add(1, Relaxed);
+                tracing::warn!(pool = %pool.name, server = %server.id(), "replica write failed: {e}");
+                failure.get_or_insert_with(|| server_error(&server, &e));
+            }
+        }
+    }
+    reply.unwrap_or_else(|| {
+        let c = pool.counters();
+        c.errors.fetch_add(1, Relaxed);
+        c.forward_errors.fetch_add(1, Relaxed);
+        failure.unwrap_or_else(|| Bytes::from_static(NO_SERVER))
+    })
+}
+
+/// After `server` could not answer a request for `key`: the request sent
+/// to the key's next candidates (`failover: next`, replicas) until one
+/// answers. A read goes on after any failure; a write only when it never
+/// reached the server (no connection), so it is never applied twice.
+#[allow(clippy::too_many_arguments)]
+async fn elsewhere(
+    pool: &Arc<Pool>,
+    requester: &Requester,
+    key: &[u8],
+    server: Arc<Server>,
+    data: Bytes,
+    framing: &'static dyn crate::backend::Framing,
+    read: bool,
+    mut result: Result<Reply, BackendError>,
+) -> (Arc<Server>, Result<Reply, BackendError>) {
+    let mut tried = vec![server];
+    loop {
+        let retry = match &result {
+            Ok(_) => false,
+            Err(BackendError::Connect(_) | BackendError::Gone) => true,
+            Err(BackendError::Timeout | BackendError::Closed(_) | BackendError::Protocol(_)) => read,
+            Err(_) => false,
+        };
+        if !retry {
+            break;
+        }
+        let Some(next) = pool.next_candidate(key, &tried) else { break };
+        pool.counters().failover_requests.fetch_add(1, Relaxed);
+        result = next.finish(next.submit(data.clone(), framing, requester).await).await;
+        tried.push(next);
+    }
+    (tried.pop().expect("one server at least"), result)
 }
 
 /// The pool's counters in memcached's `stats` format.
