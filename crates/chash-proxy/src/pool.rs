@@ -929,11 +929,8 @@ const PROBE_INTERVAL: Duration = Duration::from_millis(100);
 /// pool's `server_retry_timeout`, then takes it back (a flapping server
 /// stays out); ends when the pool or the server is gone.
 async fn probe_task(pool: std::sync::Weak<Pool>, server: Arc<Server>) {
-    let requester = crate::backend::Requester {
-        affinity: 0,
-        account: crate::backend::ReplyAccount::new(1 << 20),
-        dialect: 0,
-    };
+    let requester =
+        crate::backend::Requester { affinity: 0, account: crate::backend::ReplyAccount::new(1 << 20), dialect: 0 };
     let mut up_since: Option<Instant> = None;
     loop {
         tokio::time::sleep(PROBE_INTERVAL).await;

@@ -25,11 +25,7 @@ fn candidates(yml: &str, key: &str) -> Vec<String> {
     let pool = chash::config::Config::from_yaml(yml).unwrap().pool(None).unwrap();
     let snapshot = pool.snapshot().unwrap();
     let nodes = snapshot.nodes();
-    snapshot
-        .placement()
-        .candidates_hash(snapshot.key_hash(key.as_bytes()))
-        .map(|i| nodes[i].id().to_owned())
-        .collect()
+    snapshot.placement().candidates_hash(snapshot.key_hash(key.as_bytes())).map(|i| nodes[i].id().to_owned()).collect()
 }
 
 fn stats(proxy: &Proxy) -> serde_json::Value {
@@ -63,7 +59,7 @@ fn set_all(c: &mut Client, keys: &[String], value: impl Fn(&str) -> String) {
 #[test]
 fn replicas_keep_every_key_through_a_dead_server() {
     let mut mc = memcacheds(4);
-    let yml = config("  timeout: 400\n  replicas: 2\n  server_retry_timeout: 500\n  server_failure_limit: 1\n", &mc);
+    let yml = config("  timeout: 400\n  replicas: 2\n  server_retry_timeout: 500\n  server_failure_limit: 3\n", &mc);
     let proxy = Proxy::start(&yml);
     let mut c = proxy.client();
     let keys: Vec<String> = (0..2000).map(|i| format!("r:{i}")).collect();
@@ -111,7 +107,8 @@ fn replicas_keep_every_key_through_a_dead_server() {
 #[test]
 fn failover_moves_only_the_dead_servers_keys() {
     let mut mc = memcacheds(4);
-    let yml = config("  timeout: 100\n  failover: next\n  server_retry_timeout: 1000\n  server_failure_limit: 1\n", &mc);
+    let yml =
+        config("  timeout: 100\n  failover: next\n  server_retry_timeout: 1000\n  server_failure_limit: 3\n", &mc);
     let proxy = Proxy::start(&yml);
     let fingerprint = stats(&proxy)["pools"][0]["placement_fingerprint"].clone();
     let mut c = proxy.client();

@@ -436,9 +436,7 @@ impl PoolBuilder {
         }
         let servers: Vec<ServerLine> = lines.iter().filter(|l| l.state == LineState::Active).cloned().collect();
         if self.warmup_secs.is_some_and(|w| w > 0) && self.redis == Some(true) {
-            return Err(Error::Config(
-                "warmup applies to memcached pools (redis is true)".into(),
-            ));
+            return Err(Error::Config("warmup applies to memcached pools (redis is true)".into()));
         }
         if self.redis_db.is_some_and(|db| db > 0) && self.redis != Some(true) {
             return Err(Error::Config("redis_db is set but redis is not true".into()));

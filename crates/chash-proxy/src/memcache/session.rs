@@ -437,7 +437,8 @@ impl MemcacheSession {
                         let mut data = BytesMut::new();
                         Request::Retrieval { cmd, exptime, keys: vec![key.clone()] }.encode(&mut data);
                         let failed = Err(BackendError::Gone);
-                        let (_, one) = elsewhere(&pool, r, &key, server.clone(), data.freeze(), VALUES, true, failed).await;
+                        let (_, one) =
+                            elsewhere(&pool, r, &key, server.clone(), data.freeze(), VALUES, true, failed).await;
                         match one {
                             Ok(Reply::Whole(raw)) if is_values(&raw) => {
                                 for v in values(&raw) {
