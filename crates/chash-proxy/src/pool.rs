@@ -148,6 +148,9 @@ pub struct PoolState {
     /// Placements recent membership changes replaced, newest first, while
     /// they are warm-up sources (`warmup`, or a drain's window).
     pub previous: Vec<Arc<Previous>>,
+    /// Keys of failed-over servers go to their next candidates
+    /// (`failover: next`, replicas).
+    pub failover: bool,
 }
 
 /// A placement a membership change replaced, kept as a warm-up source:
@@ -192,7 +195,22 @@ fn next_random() -> u64 {
 impl PoolState {
     /// The server for `key`, or `None` when no server is live.
     pub fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {
-        Some(&self.members[self.routing.as_ref()?.member_for(key)?].server)
+        let owner = &self.members[self.routing.as_ref()?.member_for(key)?].server;
+        if self.failover && owner.health().is_failed_over() {
+            return self.next_up(key).or(Some(owner));
+        }
+        Some(owner)
+    }
+
+    /// The first of `key`'s candidates that is not failed over.
+    fn next_up(&self, key: &[u8]) -> Option<&Arc<Server>> {
+        use chash::Placement as _;
+        let Some(Routing::Placed { snapshot, to_member }) = self.routing.as_deref() else { return None };
+        snapshot
+            .placement()
+            .candidates_hash(snapshot.key_hash(key))
+            .map(|node| &self.members[to_member[node]].server)
+            .find(|s| !s.health().is_failed_over())
     }
 
     /// The servers that held `key` under the placements still warming up
@@ -232,7 +250,9 @@ impl PoolState {
                     }
                 }
                 if out.is_empty() {
-                    out.extend(self.server_for(key).cloned());
+                    out.extend(
+                        self.routing.as_deref().and_then(|r| r.member_for(key)).map(|m| self.members[m].server.clone()),
+                    );
                 }
             }
             _ => out.extend(self.server_for(key).cloned()),
@@ -441,6 +461,7 @@ impl Pool {
             version: String::new(),
             fingerprint: String::new(),
             previous: Vec::new(),
+            failover: false,
         };
         let pool = Arc::new(Pool {
             name: config.name.clone(),
@@ -683,7 +704,16 @@ impl Pool {
         };
         let routing = routing_of(config, model.as_ref(), &members)?;
         let fingerprint = model.as_ref().map_or_else(|| "random".to_owned(), Snapshot::fingerprint);
-        Ok(PoolState { members, routing, model, version: config.version(), fingerprint, previous: Vec::new() })
+        let failover = self.settings.failover || self.settings.replicas > 1;
+        Ok(PoolState {
+            members,
+            routing,
+            model,
+            version: config.version(),
+            fingerprint,
+            previous: Vec::new(),
+            failover,
+        })
     }
 
     /// Swaps `new` in (`config`, the change lock, held until then), counts
@@ -736,6 +766,7 @@ impl Pool {
             version: old.version.clone(),
             fingerprint: old.fingerprint.clone(),
             previous: unexpired(&old.previous),
+            failover: old.failover,
         };
         // On a connection's thread: only an exact (cheap) measure of what
         // moved, no sampling.
@@ -748,16 +779,12 @@ impl Pool {
     pub fn acquire(self: &Arc<Self>, key: &[u8]) -> Option<(Arc<Server>, Option<LoadRelease>)> {
         let state = self.state.load();
         let Some((bounded, snapshot, to_member)) = state.bounded() else {
-            let owner = state.server_for(key)?;
             let s = &self.settings;
             if s.replicas > 1 && s.read_random {
                 let replicas = state.candidates(key, s.replicas);
                 return Some((replicas[(next_random() % replicas.len() as u64) as usize].clone(), None));
             }
-            if (s.failover || s.replicas > 1) && owner.health().is_failed_over() {
-                return state.candidates(key, 1).pop().map(|s| (s, None));
-            }
-            return Some((owner.clone(), None));
+            return state.server_for(key).map(|s| (s.clone(), None));
         };
         // Each server's load lives in its Server, which every placement of
         // the pool shares: a change made while requests hold load leaves
@@ -784,6 +811,7 @@ impl Pool {
             version: old.version.clone(),
             fingerprint: old.fingerprint.clone(),
             previous: unexpired(&old.previous),
+            failover: old.failover,
         };
         self.state.store(Arc::new(new));
     }

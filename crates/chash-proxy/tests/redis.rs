@@ -933,3 +933,51 @@ fn commands_route_by_redis_key_specs() {
     }
     ok(&mut c, &["GET", "{g}:s"], "\"v\"");
 }
+
+/// `failover: next` on a Redis pool: a killed server's keys go to their
+/// next servers (misses, then writable), no other key moves, the placement
+/// fingerprint stays; restarted, the server is taken back after
+/// `server_retry_timeout` of answered `PING`s.
+#[test]
+fn failover_sends_only_a_dead_servers_keys_elsewhere() {
+    let mut rs = servers(3);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let extra = "  timeout: 500\n  distribution: ring\n  hash: xxh3\n  failover: next\n  server_failure_limit: 1\n  \
+                 server_retry_timeout: 500\n";
+    let proxy = Proxy::start(&config(extra, &refs));
+    let stats = || -> serde_json::Value { serde_json::from_str(&proxy.admin("GET", "/stats", "").1).unwrap() };
+    let fingerprint = stats()["pools"][0]["placement_fingerprint"].clone();
+    let mut c = Resp::connect(proxy.addr);
+    let keys: Vec<String> = (0..300).map(|i| format!("k{i}")).collect();
+    for k in &keys {
+        assert_eq!(c.cmd(&["SET", k, "v"]), "+OK");
+    }
+    let holder: Vec<usize> =
+        keys.iter().map(|k| (0..3).find(|&i| direct(&rs[i]).cmd(&["EXISTS", k]) == ":1").unwrap()).collect();
+    let dead = rs[1].id();
+    rs[1].kill();
+    let state = |id: &str| -> String {
+        let v = stats();
+        let s = v["pools"][0]["servers"].as_array().unwrap().iter().find(|s| s["id"] == id).unwrap().clone();
+        s["state"].as_str().unwrap().to_owned()
+    };
+    // The first request to it fails it over (limit 1); from then on its
+    // keys are answered by their next servers.
+    let _ = c.cmd(&["GET", &keys[holder.iter().position(|&h| h == 1).unwrap()]]);
+    eventually("failed over", || state(&dead) == "failed-over");
+    for (k, &h) in keys.iter().zip(&holder) {
+        let want = if h == 1 { "nil" } else { "\"v\"" };
+        assert_eq!(c.cmd(&["GET", k]), want, "{k}");
+        assert_eq!(c.cmd(&["SET", k, "w"]), "+OK");
+    }
+    // Other keys stayed on their servers.
+    for (k, &h) in keys.iter().zip(&holder).filter(|(_, &h)| h != 1) {
+        assert_eq!(direct(&rs[h]).cmd(&["GET", k]), "\"w\"", "{k} moved");
+    }
+    assert_eq!(stats()["pools"][0]["placement_fingerprint"], fingerprint);
+    rs[1].restart();
+    eventually("taken back", || state(&dead) == "up");
+    let k = &keys[holder.iter().position(|&h| h == 1).unwrap()];
+    assert_eq!(c.cmd(&["SET", k, "x"]), "+OK");
+    assert_eq!(direct(&rs[1]).cmd(&["GET", k]), "\"x\"", "its keys are its own again");
+}
