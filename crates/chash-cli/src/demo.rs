@@ -4,7 +4,8 @@
 //! different weights sit behind the proxy; a workload of keys is written and
 //! read through the proxy over TCP. Then a shard leaves and one joins, while
 //! a second pool on the same kind of shards does the same under `hash % n`,
-//! and the hit rates a client sees right after each change are compared.
+//! and the hit rates a client sees right after each change are compared
+//! (and with warm-up). A shard is killed under replicas and under failover.
 //! Finally the same servers run under every distribution chash has. The
 //! terminal gets tables; an HTML report with SVG charts gets written.
 
@@ -33,9 +34,11 @@ use crate::svg::{bar_chart, esc, grouped_bars, ring_diagram, Bar};
 #[command(after_help = "\
 Four in-process cache shards (weights 1, 2, 1, 4) behind the proxy, a workload
 of --keys keys written and read through it over TCP, then shard-c leaving and
-shard-e (weight 1) joining. A second pool on its own shards does the same with
-`hash % n` (twemproxy's modula). Then the same servers under every
-distribution. Writes an HTML report with charts (--report).")]
+shard-e (weight 1) joining. Pools on shards of their own do the same with
+`hash % n` (twemproxy's modula) and with warm-up (`warmup: 600`: a miss is
+tried on the key's shard before the change). Then shard-b is killed under
+`replicas: 2` and under `failover: next`, and the same servers run under
+every distribution. Writes an HTML report with charts (--report).")]
 pub struct DemoArgs {
     /// Keys in the workload.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(100..=2_000_000))]
@@ -49,6 +52,7 @@ pub struct DemoArgs {
 const SPEC: [(&str, u32); 4] = [("shard-a", 1), ("shard-b", 2), ("shard-c", 1), ("shard-d", 4)];
 const LEAVING: &str = "shard-c";
 const JOINING: (&str, u32) = ("shard-e", 1);
+const KILLED: &str = "shard-b";
 
 /// Progress on standard error when it is a terminal.
 struct Progress {
@@ -87,6 +91,9 @@ struct Cluster {
     shards: HashMap<String, Shard>,
 }
 
+/// Each shard's off switch, by pool and id.
+type Stops = Vec<(String, tokio::sync::watch::Sender<bool>)>;
+
 impl Cluster {
     fn items(&self, id: &str) -> usize {
         self.shards.get(id).map_or(0, |s| s.store.items())
@@ -96,12 +103,15 @@ impl Cluster {
 async fn pool_spec(
     name: &'static str,
     distribution: Distribution,
-    stop: &tokio::sync::watch::Receiver<bool>,
+    tune: fn(&mut PoolConfig),
+    stops: &mut Stops,
 ) -> Result<(PoolSpec, HashMap<String, Shard>)> {
     let mut shards = HashMap::new();
     let mut addresses = HashMap::new();
     for (id, _) in SPEC.iter().chain([&JOINING]) {
-        let shard = start_shard(256 << 20, stop.clone()).await.context("cannot start a shard")?;
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        stops.push((format!("{name}/{id}"), stop));
+        let shard = start_shard(256 << 20, stop_rx).await.context("cannot start a shard")?;
         addresses.insert((*id).to_owned(), Address::Tcp(shard.addr.to_string()));
         shards.insert((*id).to_owned(), shard);
     }
@@ -111,6 +121,7 @@ async fn pool_spec(
     pool.name = name.into();
     pool.distribution = distribution;
     pool.listen = "127.0.0.1:0".into();
+    tune(&mut pool);
     Ok((PoolSpec { config: pool, addresses }, shards))
 }
 
@@ -218,12 +229,13 @@ struct Results {
     leave_from_leaving: usize,
     leaving_held: usize,
     leave_exact: f64,
-    leave_hits: (f64, f64),
+    leave_hits: (f64, f64, f64),
     join_moved: usize,
     join_on_new: usize,
     join_fair: f64,
     join_exact: f64,
-    join_hits: (f64, f64),
+    join_hits: (f64, f64, f64),
+    killed: (f64, f64, f64),
     algorithms: Vec<AlgoRow>,
 }
 
@@ -242,17 +254,31 @@ async fn demo(args: DemoArgs) -> Result<()> {
     let out = &mut io::stdout().lock();
     let n = args.keys as usize;
     let keys: Vec<String> = (0..n).map(|i| format!("user:{i}")).collect();
-    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let mut stops = Stops::new();
 
-    progress.step("starting 10 cache shards and the proxy");
-    let (ring_spec, ring_shards) = pool_spec("ring", Distribution::Ring, &stop_rx).await?;
-    let (mod_spec, mod_shards) = pool_spec("modula", Distribution::Modula, &stop_rx).await?;
+    progress.step("starting 25 cache shards and the proxy");
+    let keep = |_: &mut PoolConfig| {};
+    let (ring_spec, ring_shards) = pool_spec("ring", Distribution::Ring, keep, &mut stops).await?;
+    let (mod_spec, mod_shards) = pool_spec("modula", Distribution::Modula, keep, &mut stops).await?;
+    let warm = |p: &mut PoolConfig| p.warmup = std::time::Duration::from_secs(600);
+    let (warm_spec, warm_shards) = pool_spec("warm", Distribution::Ring, warm, &mut stops).await?;
+    let replicated = |p: &mut PoolConfig| p.replicas = 2;
+    let (rep_spec, _) = pool_spec("replicas", Distribution::Ring, replicated, &mut stops).await?;
+    let failover = |p: &mut PoolConfig| {
+        p.failover = true;
+        p.server_failure_limit = 1;
+    };
+    let (fo_spec, _) = pool_spec("failover", Distribution::Ring, failover, &mut stops).await?;
     let ring_config = ring_spec.config.clone();
-    let running = chash_proxy::start(vec![ring_spec, mod_spec], ProxyOptions::default()).await?;
+    let specs = vec![ring_spec, mod_spec, warm_spec, rep_spec, fo_spec];
+    let running = chash_proxy::start(specs, ProxyOptions::default()).await?;
     let ring = Cluster { addr: running.listeners[0].1, shards: ring_shards };
     let modula = Cluster { addr: running.listeners[1].1, shards: mod_shards };
+    let warm = Cluster { addr: running.listeners[2].1, shards: warm_shards };
+    let (replicas_addr, failover_addr) = (running.listeners[3].1, running.listeners[4].1);
     let ring_pool = running.registry.pool("ring").context("ring pool")?;
     let mod_pool = running.registry.pool("modula").context("modula pool")?;
+    let warm_pool = running.registry.pool("warm").context("warm pool")?;
 
     writeln!(
         out,
@@ -262,8 +288,9 @@ async fn demo(args: DemoArgs) -> Result<()> {
 
     // 1. Load per shard.
     progress.step("writing the keys through the proxy");
-    set_all(ring.addr, &keys).await?;
-    set_all(modula.addr, &keys).await?;
+    for addr in [ring.addr, modula.addr, warm.addr, replicas_addr, failover_addr] {
+        set_all(addr, &keys).await?;
+    }
     let snapshot = ring_config.snapshot()?;
     let share = snapshot.placement().ownership().unwrap_or_default();
     let total_w: u32 = SPEC.iter().map(|s| s.1).sum();
@@ -309,8 +336,11 @@ async fn demo(args: DemoArgs) -> Result<()> {
     let leaving_held = ring.items(LEAVING);
     let leave_change = ring_pool.remove_server(LEAVING).map_err(anyhow::Error::msg)?;
     mod_pool.remove_server(LEAVING).map_err(anyhow::Error::msg)?;
+    warm_pool.remove_server(LEAVING).map_err(anyhow::Error::msg)?;
     let ring_hits = get_all(ring.addr, &keys).await?;
     let mod_hits = get_all(modula.addr, &keys).await?;
+    let warm_hits = get_all(warm.addr, &keys).await?;
+    set_all(warm.addr, &missed(&keys, &warm_hits)).await?;
     let ring_missed = missed(&keys, &ring_hits);
     // The missed keys are exactly the ones the leaving shard held.
     let leaving_store = &ring.shards[LEAVING].store;
@@ -318,7 +348,7 @@ async fn demo(args: DemoArgs) -> Result<()> {
     progress.step("refilling the missed keys");
     set_all(ring.addr, &ring_missed).await?;
     set_all(modula.addr, &missed(&keys, &mod_hits)).await?;
-    let leave_hits = (hit_rate(&ring_hits), hit_rate(&mod_hits));
+    let leave_hits = (hit_rate(&ring_hits), hit_rate(&mod_hits), hit_rate(&warm_hits));
     let leave_moved = ring_missed.len();
     progress.done();
     writeln!(out, "2. {LEAVING} leaves (the admin API's remove, live)")?;
@@ -331,21 +361,29 @@ async fn demo(args: DemoArgs) -> Result<()> {
         leaving_held,
         pct(leave_change.moved_fraction)
     )?;
-    writeln!(out, "   cache hit rate right after:  ring {}   hash % n {}\n", pct(leave_hits.0), pct(leave_hits.1))?;
+    writeln!(
+        out,
+        "   cache hit rate right after:  ring {}   ring with warm-up {}   hash % n {}\n",
+        pct(leave_hits.0),
+        pct(leave_hits.2),
+        pct(leave_hits.1)
+    )?;
 
     // 3. A shard joins.
     progress.step(&format!("{} joins; reading every key back", JOINING.0));
     let joining_line: ServerLine = format!("{}:{}", JOINING.0, JOINING.1).parse()?;
     let join_change = ring_pool.add_server(joining_line.clone()).map_err(anyhow::Error::msg)?;
-    mod_pool.add_server(joining_line).map_err(anyhow::Error::msg)?;
+    mod_pool.add_server(joining_line.clone()).map_err(anyhow::Error::msg)?;
+    warm_pool.add_server(joining_line).map_err(anyhow::Error::msg)?;
     let ring_hits = get_all(ring.addr, &keys).await?;
     let mod_hits = get_all(modula.addr, &keys).await?;
+    let warm_hits = get_all(warm.addr, &keys).await?;
     let ring_missed = missed(&keys, &ring_hits);
     set_all(ring.addr, &ring_missed).await?;
     let join_on_new = ring.items(JOINING.0);
     let w_after: u32 = SPEC.iter().filter(|s| s.0 != LEAVING).map(|s| s.1).sum::<u32>() + JOINING.1;
     let join_fair = f64::from(JOINING.1) / f64::from(w_after);
-    let join_hits = (hit_rate(&ring_hits), hit_rate(&mod_hits));
+    let join_hits = (hit_rate(&ring_hits), hit_rate(&mod_hits), hit_rate(&warm_hits));
     progress.done();
     writeln!(out, "3. {} (weight {}) joins (the admin API's add, live)", JOINING.0, JOINING.1)?;
     writeln!(
@@ -359,9 +397,48 @@ async fn demo(args: DemoArgs) -> Result<()> {
         JOINING.1,
         pct(join_fair)
     )?;
-    writeln!(out, "   cache hit rate right after:  ring {}   hash % n {}\n", pct(join_hits.0), pct(join_hits.1))?;
+    writeln!(
+        out,
+        "   cache hit rate right after:  ring {}   ring with warm-up {}   hash % n {}\n",
+        pct(join_hits.0),
+        pct(join_hits.2),
+        pct(join_hits.1)
+    )?;
+    let warmed = warm_pool.stats();
+    writeln!(
+        out,
+        "   warm-up (pool key `warmup: 600`): a read that misses on a key's new shard is tried on its shard before the change and the value copied over: {} found there, {} copied\n",
+        warmed.get("warmup_hits"),
+        warmed.get("warmup_copies")
+    )?;
 
-    let _ = stop.send(true);
+    // 4. A shard killed outright.
+    progress.step(&format!("{KILLED} killed; reading every key back"));
+    for (name, stop) in &stops {
+        if name.ends_with(&format!("/{KILLED}")) && (name.starts_with("replicas/") || name.starts_with("failover/")) {
+            let _ = stop.send(true);
+        }
+    }
+    let killed_share = per_shard.iter().find(|s| s.0 == KILLED).map_or(0.0, |s| s.4 as f64 / n as f64);
+    let replica_hits = get_all(replicas_addr, &keys).await?;
+    let failover_hits = get_all(failover_addr, &keys).await?;
+    set_all(failover_addr, &missed(&keys, &failover_hits)).await?;
+    let failover_again = get_all(failover_addr, &keys).await?;
+    let killed = (hit_rate(&replica_hits), hit_rate(&failover_hits), hit_rate(&failover_again));
+    progress.done();
+    writeln!(out, "4. {KILLED} is killed (its process gone, no membership change)")?;
+    writeln!(out, "   `replicas: 2` (each key on its first two candidates): hit rate {} with no error", pct(killed.0))?;
+    writeln!(
+        out,
+        "   `failover: next` (its keys to their next shard, nothing else moves): hit rate {} (it held {} of the keys), then {} once they are written again\n",
+        pct(killed.1),
+        pct(killed_share),
+        pct(killed.2)
+    )?;
+
+    for (_, stop) in &stops {
+        let _ = stop.send(true);
+    }
     running.shutdown().await;
 
     // 4. Every distribution on the same servers.
@@ -370,7 +447,7 @@ async fn demo(args: DemoArgs) -> Result<()> {
     progress.done();
     writeln!(
         out,
-        "4. The same servers under every distribution ({n} keys; {LEAVING} leaves, then {} joins)",
+        "5. The same servers under every distribution ({n} keys; {LEAVING} leaves, then {} joins)",
         JOINING.0
     )?;
     writeln!(
@@ -413,6 +490,7 @@ async fn demo(args: DemoArgs) -> Result<()> {
         join_fair,
         join_exact: join_change.moved_fraction,
         join_hits,
+        killed,
         algorithms,
     };
     let html = report(&results);
@@ -563,12 +641,23 @@ fn report(r: &Results) -> String {
             &[format!("{LEAVING} leaves"), format!("{} joins", JOINING.0)],
             &[
                 ("chash ring".into(), vec![100.0 * r.leave_hits.0, 100.0 * r.join_hits.0]),
+                ("chash ring with warm-up".into(), vec![100.0 * r.leave_hits.2, 100.0 * r.join_hits.2]),
                 ("hash % n".into(), vec![100.0 * r.leave_hits.1, 100.0 * r.join_hits.1]),
             ],
         )
     );
     // 4.
-    h.push_str("<h2>4. Every distribution on the same servers</h2><table><tr><th>distribution</th><th>CV</th><th>peak/mean</th><th>moved on leave</th><th>moved on join</th></tr>");
+    let _ = write!(
+        h,
+        "<h2>4. {KILLED} killed</h2><p>Its process gone, no membership change. With <code>replicas: 2</code> \
+         every key is on its first two candidates: hit rate {}. With <code>failover: next</code> its keys go to \
+         their next shard and nothing else moves: hit rate {}, then {} once they are written again.</p>",
+        pct(r.killed.0),
+        pct(r.killed.1),
+        pct(r.killed.2)
+    );
+    // 5.
+    h.push_str("<h2>5. Every distribution on the same servers</h2><table><tr><th>distribution</th><th>CV</th><th>peak/mean</th><th>moved on leave</th><th>moved on join</th></tr>");
     for a in &r.algorithms {
         let _ = write!(
             h,
