@@ -127,6 +127,19 @@ impl Memcached {
         let pid = self.child.as_ref().expect("running").id().to_string();
         let status = Command::new("kill").args(["-STOP", &pid]).status().unwrap();
         assert!(status.success());
+        // The stop takes effect as each thread next runs: wait until every
+        // thread is stopped, so that nothing is answered before the pause.
+        let stopped = || {
+            std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten().all(|t| {
+                let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                // The state follows the command name's closing parenthesis.
+                stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        while !stopped() && std::time::Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
         thread::spawn(move || {
             thread::sleep(d);
             let _ = Command::new("kill").args(["-CONT", &pid]).status();
