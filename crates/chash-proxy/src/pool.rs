@@ -160,7 +160,10 @@ pub struct PoolState {
 #[derive(Debug)]
 pub struct Previous {
     routing: Arc<Routing>,
-    servers: Vec<Arc<Server>>,
+    /// By member index, each with the end of its window here: a server a
+    /// later change removed with a shorter window of its own ends earlier
+    /// (`None` once its window is over, so its connections close).
+    servers: Vec<Option<(Arc<Server>, Instant)>>,
     /// When it stops being a source.
     pub until: Instant,
 }
@@ -168,7 +171,20 @@ pub struct Previous {
 impl Previous {
     /// The key's server under this placement.
     pub fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {
-        Some(&self.servers[self.routing.member_for(key)?])
+        match &self.servers[self.routing.member_for(key)?] {
+            Some((server, until)) if *until > Instant::now() => Some(server),
+            _ => None,
+        }
+    }
+
+    /// This source without the servers whose window ended by `at`; `None`
+    /// when nothing changes.
+    fn pruned(&self, at: Instant) -> Option<Previous> {
+        if !self.servers.iter().flatten().any(|(_, until)| *until <= at) {
+            return None;
+        }
+        let servers = self.servers.iter().map(|slot| slot.clone().filter(|(_, until)| *until > at)).collect();
+        Some(Previous { routing: self.routing.clone(), servers, until: self.until })
     }
 }
 
@@ -729,7 +745,7 @@ impl Pool {
     ) -> Change {
         if let Some(window) = window {
             // A membership change: the old placement warms the new one up.
-            new.previous = warm_sources(old, window);
+            new.previous = warm_sources(old, &new.members, window);
         }
         let warmup_seconds = window.unwrap_or_default().as_secs();
         let live_servers = new.live().count();
@@ -799,7 +815,8 @@ impl Pool {
     /// connections close when nothing else holds them).
     fn prune_previous(&self) {
         let at = Instant::now();
-        if self.state.load().previous.iter().all(|p| p.until > at) {
+        let due = |p: &Arc<Previous>| p.until <= at || p.servers.iter().flatten().any(|(_, until)| *until <= at);
+        if !self.state.load().previous.iter().any(due) {
             return;
         }
         let _config = self.lock();
@@ -810,7 +827,7 @@ impl Pool {
             model: old.model.clone(),
             version: old.version.clone(),
             fingerprint: old.fingerprint.clone(),
-            previous: unexpired(&old.previous),
+            previous: unexpired(&old.previous).into_iter().map(|p| p.pruned(at).map_or(p, Arc::new)).collect(),
             failover: old.failover,
         };
         self.state.store(Arc::new(new));
@@ -1105,18 +1122,38 @@ fn unexpired(previous: &[Arc<Previous>]) -> Vec<Arc<Previous>> {
     previous.iter().filter(|p| p.until > at).cloned().collect()
 }
 
-/// The warm-up sources after a membership change from `old`: its placement
-/// for `window` (none when zero), then its own sources still in theirs.
-fn warm_sources(old: &PoolState, window: Duration) -> Vec<Arc<Previous>> {
+/// The warm-up sources after a membership change from `old` to `members`:
+/// the old placement for `window` (none when zero), then the old sources
+/// still in theirs. A server this change removes is a source for this
+/// change's window at most, in every source: when it ends, the sources let
+/// go of it and its connections close.
+fn warm_sources(old: &PoolState, members: &[Member], window: Duration) -> Vec<Arc<Previous>> {
+    let now = Instant::now();
+    let end = now + window;
+    let removed = |s: &Arc<Server>| !members.iter().any(|m| Arc::ptr_eq(&m.server, s));
     let mut out = Vec::new();
     if let (false, Some(routing)) = (window.is_zero(), &old.routing) {
         out.push(Arc::new(Previous {
             routing: routing.clone(),
-            servers: old.members.iter().map(|m| m.server.clone()).collect(),
-            until: Instant::now() + window,
+            servers: old.members.iter().map(|m| Some((m.server.clone(), end))).collect(),
+            until: end,
         }));
     }
-    out.extend(unexpired(&old.previous));
+    for p in unexpired(&old.previous) {
+        if !p.servers.iter().flatten().any(|(s, until)| removed(s) && *until > end) {
+            out.push(p);
+            continue;
+        }
+        let servers = p
+            .servers
+            .iter()
+            .map(|slot| match slot {
+                Some((s, until)) if removed(s) => Some((s.clone(), (*until).min(end))).filter(|(_, u)| *u > now),
+                other => other.clone(),
+            })
+            .collect();
+        out.push(Arc::new(Previous { routing: p.routing.clone(), servers, until: p.until }));
+    }
     out.truncate(MAX_PREVIOUS);
     out
 }
