@@ -35,7 +35,8 @@ Stats: twemproxy's JSON document on -a:-s (default 0.0.0.0:22222) to anyone
 who connects (`nc 127.0.0.1 22222`), refreshed every -i ms. chash's own
 HTTP admin endpoint (default http://127.0.0.1:22223, --admin): GET /stats,
 GET /metrics, GET /pools, POST /pools/POOL/servers (body ID:WEIGHT [NAME]),
-DELETE /pools/POOL/servers/ID, PUT /pools/POOL/servers/ID/weight,
+DELETE /pools/POOL/servers/ID[?drain=SECS] (the server stays a warm-up
+source for SECS), PUT /pools/POOL/servers/ID/weight,
 POST /pools/POOL/servers/ID/eject|restore, POST /reload. Changes made there
 live in memory unless --persist writes them back to the config file; off
 loopback the endpoint needs --admin-token-file (or --admin-insecure).

@@ -174,6 +174,9 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
         },
         (_, ["pools", pool, rest @ ..]) => {
             let Some(pool) = registry.pool(pool) else { return error(404, format!("no pool {pool:?}")) };
+            if let Some(unknown) = query.split('&').filter(|kv| !kv.is_empty()).find(|kv| !kv.starts_with("drain=")) {
+                return error(400, format!("unknown query parameter {unknown:?}: the one there is drain=SECS"));
+            }
             let drain = match (method, query_value(query, "drain")) {
                 (_, None) => None,
                 ("DELETE", Some(secs)) => match secs.parse::<u64>() {

@@ -424,8 +424,11 @@ pub struct Pool {
     counters: Arc<PerWorker<PoolCounters>>,
     /// Writes and warm-up copies in flight (used during warm-up windows).
     pub writes: KeyWrites,
-    /// How failed-over servers are probed.
-    probe: std::sync::OnceLock<Setup>,
+    /// How failed-over servers are probed, and what they get before they
+    /// are taken back.
+    probe: std::sync::OnceLock<(Setup, Option<Setup>)>,
+    /// Set while the state has warm-up sources.
+    warming: std::sync::atomic::AtomicBool,
     /// Counters of events that are not per request.
     pub events: PoolEvents,
 }
@@ -489,6 +492,7 @@ impl Pool {
             counters: Arc::new(PerWorker::new(workers.count())),
             writes: KeyWrites::default(),
             probe: std::sync::OnceLock::new(),
+            warming: std::sync::atomic::AtomicBool::new(false),
             workers,
             events: PoolEvents::default(),
         });
@@ -521,6 +525,18 @@ impl Pool {
     /// Every worker's counters (for a connection's drop guard).
     pub(crate) fn all_counters(&self) -> &Arc<PerWorker<PoolCounters>> {
         &self.counters
+    }
+
+    /// Swaps a new state in.
+    fn store(&self, state: Arc<PoolState>) {
+        self.warming.store(!state.previous.is_empty(), Relaxed);
+        self.state.store(state);
+    }
+
+    /// Whether a warm-up window is open (one relaxed load: the requests'
+    /// fast path asks it first).
+    pub fn warming(&self) -> bool {
+        self.warming.load(Relaxed)
     }
 
     /// The current state (lock-free).
@@ -751,7 +767,7 @@ impl Pool {
         let live_servers = new.live().count();
         let (version, fingerprint) = (new.version.clone(), new.fingerprint.clone());
         let new = Arc::new(new);
-        self.state.store(new.clone());
+        self.store(new.clone());
         drop(config);
         self.events.membership_changes.fetch_add(1, Relaxed);
         let moved_fraction = moved_fraction(old, &new, measure);
@@ -830,7 +846,7 @@ impl Pool {
             previous: unexpired(&old.previous).into_iter().map(|p| p.pruned(at).map_or(p, Arc::new)).collect(),
             failover: old.failover,
         };
-        self.state.store(Arc::new(new));
+        self.store(Arc::new(new));
     }
 
     /// The servers a write of `key` goes to: its first `replicas`
@@ -851,10 +867,12 @@ impl Pool {
         state.candidates(key, all).into_iter().find(|s| !tried.iter().any(|t| Arc::ptr_eq(s, t)))
     }
 
-    /// What the command a server is probed with (`version`, `PING`) is:
-    /// set once, by the protocol the pool speaks.
-    pub fn set_probe(&self, probe: Setup) {
-        let _ = self.probe.set(probe);
+    /// The command a failed-over server is probed with (`version`,
+    /// `PING`), and the one it gets before it is taken back (memcached:
+    /// `flush_all`, since writes of its keys went to other servers while it
+    /// was out): set once, by the protocol the pool speaks.
+    pub fn set_probe(&self, probe: Setup, before_return: Option<Setup>) {
+        let _ = self.probe.set((probe, before_return));
     }
 
     /// A server reached its failure limit.
@@ -985,11 +1003,7 @@ async fn probe_task(pool: std::sync::Weak<Pool>, server: Arc<Server>) {
             return;
         }
         let ok = match pool.probe.get() {
-            Some(probe) => {
-                let request = probe.requests.first().cloned().unwrap_or_default();
-                let pending = server.submit(request, probe.framing, &requester).await;
-                matches!(server.finish(pending).await, Ok(crate::backend::Reply::Whole(r)) if (probe.check)(&r).is_ok())
-            }
+            Some((probe, _)) => ask(&server, probe, &requester).await,
             None => !server.is_down(),
         };
         if !ok {
@@ -998,11 +1012,24 @@ async fn probe_task(pool: std::sync::Weak<Pool>, server: Arc<Server>) {
         }
         let since = *up_since.get_or_insert_with(Instant::now);
         if since.elapsed() >= pool.settings.retry_timeout {
+            if let Some((_, Some(before))) = pool.probe.get() {
+                if !ask(&server, before, &requester).await {
+                    up_since = None;
+                    continue;
+                }
+            }
             server.health().recover();
             tracing::info!(pool = %pool.name, server = %server.id(), "back after failover: answered probes for {:?}", pool.settings.retry_timeout);
             return;
         }
     }
+}
+
+/// Sends a probe's (first) command to `server`; whether its reply passed.
+async fn ask(server: &Server, probe: &Setup, requester: &crate::backend::Requester) -> bool {
+    let request = probe.requests.first().cloned().unwrap_or_default();
+    let pending = server.submit(request, probe.framing, requester).await;
+    matches!(server.finish(pending).await, Ok(crate::backend::Reply::Whole(r)) if (probe.check)(&r).is_ok())
 }
 
 /// Gives auto-ejected servers another chance when their time is up.
@@ -1130,7 +1157,10 @@ fn unexpired(previous: &[Arc<Previous>]) -> Vec<Arc<Previous>> {
 fn warm_sources(old: &PoolState, members: &[Member], window: Duration) -> Vec<Arc<Previous>> {
     let now = Instant::now();
     let end = now + window;
-    let removed = |s: &Arc<Server>| !members.iter().any(|m| Arc::ptr_eq(&m.server, s));
+    // The servers this change removes (not those earlier changes did).
+    let gone: Vec<&Arc<Server>> =
+        old.members.iter().map(|m| &m.server).filter(|s| !members.iter().any(|m| Arc::ptr_eq(&m.server, s))).collect();
+    let removed = |s: &Arc<Server>| gone.iter().any(|g| Arc::ptr_eq(g, s));
     let mut out = Vec::new();
     if let (false, Some(routing)) = (window.is_zero(), &old.routing) {
         out.push(Arc::new(Previous {

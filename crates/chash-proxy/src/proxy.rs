@@ -180,7 +180,12 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         let dialects =
             if c.redis { crate::redis::handshake::dialects(c.redis_auth.as_deref(), c.redis_db) } else { vec![None] };
         let pool = Pool::start(spec.config, spec.addresses, workers.clone(), dialects).map_err(StartError::Pool)?;
-        pool.set_probe(probe(pool.settings.redis));
+        let before_return = (!pool.settings.redis).then(|| crate::backend::Setup {
+            requests: vec![bytes::Bytes::from_static(b"flush_all\r\n")],
+            framing: crate::memcache::LINE,
+            check: |r| if r.starts_with(b"OK") { Ok(()) } else { Err(String::from_utf8_lossy(r).into_owned()) },
+        });
+        pool.set_probe(probe(pool.settings.redis), before_return);
         let listener = bind(&pool.settings.listen, pool.settings.backlog).map_err(|source| StartError::Listen {
             what: format!("pool {:?}", pool.name),
             addr: pool.settings.listen.clone(),

@@ -86,10 +86,12 @@ counters! {
         cmd_set: Counter,
         /// Meta commands (`mg`, `ms`, `md`, `ma`, `me`, `mn`).
         cmd_meta: Counter,
-        /// Requests sent to a key's next server because its own could not take them (failover, replicas).
+        /// Requests retried on a key's next server after its own failed them (failover, replicas; requests for a failed-over server's keys go to the next server directly and are not counted here).
         failover_requests: Counter,
         /// Writes a replica failed (the client got another replica's reply).
         replica_failures: Counter,
+        /// Reads that missed on a key's first replica and were found on another.
+        replica_reads: Counter,
         /// Warm-up: reads that missed on a key's server and found it on its previous one.
         warmup_hits: Counter,
         /// Warm-up: reads that missed on a key's server and on its previous ones too.

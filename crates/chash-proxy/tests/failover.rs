@@ -93,6 +93,12 @@ fn replicas_keep_every_key_through_a_dead_server() {
         assert!(started.elapsed() < Duration::from_secs(10), "the restarted server was not taken back");
         thread::sleep(Duration::from_millis(50));
     }
+    // It came back empty: reads that miss on it find its keys on the other
+    // replica.
+    let got = c.get_each(&keys);
+    let missing = keys.iter().zip(&got).filter(|(k, v)| v.as_deref() != Some(format!("{k}=2").as_bytes())).count();
+    assert_eq!(missing, 0, "keys unreadable after the replica came back empty");
+    assert!(c.get(&keys[0]).is_some());
     set_all(&mut c, &keys, |k| format!("{k}=3"));
     let on_dead: Vec<&String> = keys.iter().filter(|k| candidates(&yml, k)[..2].contains(&dead)).collect();
     assert!(on_dead.len() > 500, "{}", on_dead.len());
@@ -157,6 +163,29 @@ fn failover_moves_only_the_dead_servers_keys() {
         thread::sleep(Duration::from_millis(50));
     }
     assert!(started.elapsed() >= Duration::from_millis(700), "taken back before server_retry_timeout");
+    // A server that stalls (its values kept) while its keys are written
+    // elsewhere never serves those older values when it is taken back.
+    let owner0: Vec<&String> = keys.iter().filter(|k| candidates(&yml, k)[0] == mc[0].id()).collect();
+    mc[0].pause(Duration::from_millis(1500));
+    for k in owner0.iter().take(3) {
+        let _ = c.get(k); // timed out (or answered by the next server)
+    }
+    let stalled = mc[0].id();
+    let started = Instant::now();
+    while server_state(&proxy, &stalled) != "failed-over" {
+        assert!(started.elapsed() < Duration::from_secs(10), "the stalled server was not failed over");
+        let _ = c.get(owner0[0]);
+        thread::sleep(Duration::from_millis(20));
+    }
+    let owner0: Vec<String> = owner0.into_iter().cloned().collect();
+    set_all(&mut c, &owner0, |k| format!("{k}=3"));
+    while server_state(&proxy, &stalled) != "up" {
+        assert!(started.elapsed() < Duration::from_secs(15), "the stalled server was not taken back");
+        thread::sleep(Duration::from_millis(50));
+    }
+    for (k, v) in owner0.iter().zip(c.get_each(&owner0)) {
+        assert!(v.is_none() || v.as_deref() == Some(format!("{k}=3").as_bytes()), "{k}: an older value came back");
+    }
 }
 
 fn port_of(id: &str) -> u16 {

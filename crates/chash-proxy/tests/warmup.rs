@@ -219,7 +219,8 @@ fn without_warmup_moved_keys_miss() {
 #[test]
 fn a_drained_server_serves_its_keys_then_is_let_go() {
     let mc = memcacheds(4);
-    let proxy = Proxy::start(&config("  preconnect: true\n", &[&mc[0], &mc[1], &mc[2], &mc[3]]));
+    let yml = config("  preconnect: true\n", &[&mc[0], &mc[1], &mc[2], &mc[3]]);
+    let proxy = Proxy::start(&yml);
     let mut c = proxy.client();
     preload(&mut c, 0..3000);
     let keys: Vec<String> = (0..3000).map(key).collect();
@@ -262,6 +263,13 @@ fn a_drained_server_serves_its_keys_then_is_let_go() {
         thread::sleep(Duration::from_millis(50));
     }
     assert!(started.elapsed() >= Duration::from_millis(900), "closed before the window ended");
+    // The first server's longer window goes on: a key it held before the
+    // changes is still found there.
+    let first = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap().snapshot().unwrap();
+    let k = (0..).map(|i| format!("late:{i}")).find(|k| first.route(k.as_bytes()) == Some(&*mc[1].id())).unwrap();
+    let mut direct = Client::connect(std::net::SocketAddr::from(([127, 0, 0, 1], mc[1].port)));
+    assert_eq!(direct.set(&k, b"still here"), "STORED\r\n");
+    assert_eq!(c.get(&k).as_deref(), Some(&b"still here"[..]), "a shorter drain ended a longer one");
     assert_eq!(counter(&proxy, "errors"), 0);
     let (status, reply) = proxy.admin("DELETE", &format!("/pools/alpha/servers/{}?drain=x", mc[0].id()), "");
     assert_eq!(status, 400, "{reply}");

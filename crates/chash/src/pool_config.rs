@@ -514,6 +514,12 @@ impl PoolBuilder {
         if (pool.replicas > 1 || pool.failover) && pool.distribution == Distribution::Random {
             return Err(Error::Config("replicas and failover need a placement (distribution random has none)".into()));
         }
+        if pool.read_random && pool.replicas < 2 {
+            return Err(Error::Config("read: random chooses among replicas: it needs replicas: 2 or more".into()));
+        }
+        if !pool.warmup.is_zero() && pool.distribution == Distribution::Random {
+            return Err(Error::Config("warmup needs a placement (distribution random has none)".into()));
+        }
         if pool.failover && pool.auto_eject_hosts {
             return Err(Error::Config(
                 "failover: next and auto_eject_hosts: true both handle failing servers; choose one (failover keeps \

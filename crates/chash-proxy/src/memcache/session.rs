@@ -53,7 +53,7 @@ impl MemcacheSession {
     /// warm-up window is open: reads that miss try the key's previous
     /// servers, writes delete it there.
     fn warming(&self) -> Option<Requester> {
-        (!self.pool.state().previous.is_empty()).then(|| self.requester.clone())
+        self.pool.warming().then(|| self.requester.clone())
     }
 
     /// The requester, for a reply future's further requests, when the pool
@@ -220,13 +220,21 @@ impl MemcacheSession {
                 i.finish().await;
             }
             let mut server = server;
-            if let Some((r, key)) = failover {
+            if let Some((r, key)) = &failover {
                 let read = !writes;
-                (server, result) = elsewhere(&pool, &r, &key, server, data.clone(), framing, read, result).await;
+                (server, result) = elsewhere(&pool, r, key, server, data.clone(), framing, read, result).await;
             }
             if let (Some(r), MetaCmd::Get, Ok(Reply::Whole(reply))) = (&warm, m.cmd, &result) {
                 if reply.starts_with(b"EN") && warmup::fill(&pool, r, &server, &m.real_key).await {
-                    result = server.finish(server.submit(data, framing, r).await).await;
+                    result = server.finish(server.submit(data.clone(), framing, r).await).await;
+                }
+            }
+            if let (Some((r, key)), MetaCmd::Get, Ok(Reply::Whole(reply))) = (&failover, m.cmd, &result) {
+                if pool.settings.replicas > 1 && reply.starts_with(b"EN") {
+                    let hit = |r: &[u8]| r.starts_with(b"VA ") || r.starts_with(b"HD");
+                    if let Some(found) = other_replicas(&pool, r, key, &server, data, framing, hit).await {
+                        result = Ok(Reply::Whole(found));
+                    }
                 }
             }
             let c = pool.counters();
@@ -350,12 +358,19 @@ impl MemcacheSession {
             let mut result = server.finish(pending).await;
             drop(load);
             let mut server = server;
-            if let Some((r, key)) = failover {
-                (server, result) = elsewhere(&pool, &r, &key, server, data.clone(), VALUES, true, result).await;
+            if let Some((r, key)) = &failover {
+                (server, result) = elsewhere(&pool, r, key, server, data.clone(), VALUES, true, result).await;
             }
             if let (Some((r, key)), Ok(Reply::Whole(raw))) = (&warm, &result) {
                 if is_values(raw) && !has_values(raw) && warmup::fill(&pool, r, &server, key).await {
-                    result = server.finish(server.submit(data, VALUES, r).await).await;
+                    result = server.finish(server.submit(data.clone(), VALUES, r).await).await;
+                }
+            }
+            if let (Some((r, key)), Ok(Reply::Whole(raw))) = (&failover, &result) {
+                if pool.settings.replicas > 1 && is_values(raw) && !has_values(raw) {
+                    if let Some(hit) = other_replicas(&pool, r, key, &server, data, VALUES, has_values).await {
+                        result = Ok(Reply::Whole(hit));
+                    }
                 }
             }
             let c = pool.counters();
@@ -490,6 +505,21 @@ impl MemcacheSession {
                     }
                 }
             }
+            if let (Some(r), true) = (&failover, pool.settings.replicas > 1) {
+                // Misses on a key's first replica: its other replicas.
+                let missing: Vec<Bytes> = keys.iter().filter(|k| !found.contains_key(*k)).cloned().collect();
+                for key in missing {
+                    let Some(server) = pool.state().server_for(&key).cloned() else { continue };
+                    let mut data = BytesMut::new();
+                    Request::Retrieval { cmd, exptime, keys: vec![key.clone()] }.encode(&mut data);
+                    if let Some(raw) = other_replicas(&pool, r, &key, &server, data.freeze(), VALUES, has_values).await
+                    {
+                        for v in values(&raw) {
+                            found.entry(v.key).or_insert(v.raw);
+                        }
+                    }
+                }
+            }
             let mut out = BytesMut::new();
             let mut hits = 0;
             for key in &keys {
@@ -529,6 +559,29 @@ impl MemcacheSession {
             (!noreply).then_some(reply)
         })
     }
+}
+
+/// A read that missed on `server` in a replicated pool: the key's other
+/// replicas in candidate order (a replica that came back empty, or was
+/// flushed, misses what the others hold); the first hit.
+async fn other_replicas(
+    pool: &Arc<Pool>,
+    requester: &Requester,
+    key: &[u8],
+    server: &Arc<Server>,
+    data: Bytes,
+    framing: &'static dyn crate::backend::Framing,
+    hit: fn(&[u8]) -> bool,
+) -> Option<Bytes> {
+    for other in pool.replicas_for(key).iter().filter(|s| !Arc::ptr_eq(s, server)) {
+        if let Ok(Reply::Whole(reply)) = other.finish(other.submit(data.clone(), framing, requester).await).await {
+            if hit(&reply) {
+                pool.counters().replica_reads.fetch_add(1, Relaxed);
+                return Some(reply);
+            }
+        }
+    }
+    None
 }
 
 /// The replies of a replicated write: the first that came, in candidate
