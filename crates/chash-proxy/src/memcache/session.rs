@@ -220,7 +220,7 @@ impl MemcacheSession {
                 i.finish().await;
             }
             let mut server = server;
-            if let Some((r, key)) = &failover {
+            if let (Some((r, key)), Err(_)) = (&failover, &result) {
                 let read = !writes;
                 (server, result) = elsewhere(&pool, r, key, server, data.clone(), framing, read, result).await;
             }
@@ -304,7 +304,7 @@ impl MemcacheSession {
                 i.finish().await;
             }
             let mut server = server;
-            if let Some((r, key, data)) = failover {
+            if let (Some((r, key, data)), Err(_)) = (failover, &result) {
                 (server, result) = elsewhere(&pool, &r, &key, server, data, LINE, false, result).await;
             }
             let bytes = match result {
@@ -358,7 +358,7 @@ impl MemcacheSession {
             let mut result = server.finish(pending).await;
             drop(load);
             let mut server = server;
-            if let Some((r, key)) = &failover {
+            if let (Some((r, key)), Err(_)) = (&failover, &result) {
                 (server, result) = elsewhere(&pool, r, key, server, data.clone(), VALUES, true, result).await;
             }
             if let (Some((r, key)), Ok(Reply::Whole(raw))) = (&warm, &result) {
