@@ -211,28 +211,31 @@ impl MemcacheSession {
             return self.replicated_meta(&m.real_key, data).await;
         }
         let failover = self.failing_over().map(|r| (r, m.real_key.clone()));
-        let pending = server.submit(data.clone(), framing, &self.requester).await;
+        // Kept for sending again only when that can happen (a clone costs).
+        let again = if warm.is_some() || failover.is_some() { data.clone() } else { Bytes::new() };
+        let pending = server.submit(data, framing, &self.requester).await;
         let pool = self.pool.clone();
         Box::pin(async move {
             let mut result = server.finish(pending).await;
             drop(load);
             if let Some(i) = invalidation {
-                i.finish().await;
+                Box::pin(i.finish()).await;
             }
             let mut server = server;
             if let (Some((r, key)), Err(_)) = (&failover, &result) {
                 let read = !writes;
-                (server, result) = elsewhere(&pool, r, key, server, data.clone(), framing, read, result).await;
+                (server, result) =
+                    Box::pin(elsewhere(&pool, r, key, server, again.clone(), framing, read, result)).await;
             }
             if let (Some(r), MetaCmd::Get, Ok(Reply::Whole(reply))) = (&warm, m.cmd, &result) {
-                if reply.starts_with(b"EN") && warmup::fill(&pool, r, &server, &m.real_key).await {
-                    result = server.finish(server.submit(data.clone(), framing, r).await).await;
+                if reply.starts_with(b"EN") && Box::pin(warmup::fill(&pool, r, &server, &m.real_key)).await {
+                    result = server.finish(server.submit(again.clone(), framing, r).await).await;
                 }
             }
             if let (Some((r, key)), MetaCmd::Get, Ok(Reply::Whole(reply))) = (&failover, m.cmd, &result) {
                 if pool.settings.replicas > 1 && reply.starts_with(b"EN") {
                     let hit = |r: &[u8]| r.starts_with(b"VA ") || r.starts_with(b"HD");
-                    if let Some(found) = other_replicas(&pool, r, key, &server, data, framing, hit).await {
+                    if let Some(found) = Box::pin(other_replicas(&pool, r, key, &server, again, framing, hit)).await {
                         result = Ok(Reply::Whole(found));
                     }
                 }
@@ -301,11 +304,11 @@ impl MemcacheSession {
             let mut result = server.finish(pending).await;
             drop(load);
             if let Some(i) = invalidation {
-                i.finish().await;
+                Box::pin(i.finish()).await;
             }
             let mut server = server;
             if let (Some((r, key, data)), Err(_)) = (failover, &result) {
-                (server, result) = elsewhere(&pool, &r, &key, server, data, LINE, false, result).await;
+                (server, result) = Box::pin(elsewhere(&pool, &r, &key, server, data, LINE, false, result)).await;
             }
             let bytes = match result {
                 Ok(Reply::Whole(line)) => line,
@@ -352,23 +355,27 @@ impl MemcacheSession {
         let mut data = BytesMut::new();
         Request::Retrieval { cmd, exptime, keys }.encode(&mut data);
         let data = data.freeze();
-        let pending = server.submit(data.clone(), VALUES, &self.requester).await;
+        // Kept for sending again only when that can happen (a clone costs).
+        let again = if warm.is_some() || failover.is_some() { data.clone() } else { Bytes::new() };
+        let pending = server.submit(data, VALUES, &self.requester).await;
         let pool = self.pool.clone();
         bytes_reply(async move {
             let mut result = server.finish(pending).await;
             drop(load);
             let mut server = server;
             if let (Some((r, key)), Err(_)) = (&failover, &result) {
-                (server, result) = elsewhere(&pool, r, key, server, data.clone(), VALUES, true, result).await;
+                (server, result) =
+                    Box::pin(elsewhere(&pool, r, key, server, again.clone(), VALUES, true, result)).await;
             }
             if let (Some((r, key)), Ok(Reply::Whole(raw))) = (&warm, &result) {
-                if is_values(raw) && !has_values(raw) && warmup::fill(&pool, r, &server, key).await {
-                    result = server.finish(server.submit(data.clone(), VALUES, r).await).await;
+                if is_values(raw) && !has_values(raw) && Box::pin(warmup::fill(&pool, r, &server, key)).await {
+                    result = server.finish(server.submit(again.clone(), VALUES, r).await).await;
                 }
             }
             if let (Some((r, key)), Ok(Reply::Whole(raw))) = (&failover, &result) {
                 if pool.settings.replicas > 1 && is_values(raw) && !has_values(raw) {
-                    if let Some(hit) = other_replicas(&pool, r, key, &server, data, VALUES, has_values).await {
+                    if let Some(hit) = Box::pin(other_replicas(&pool, r, key, &server, again, VALUES, has_values)).await
+                    {
                         result = Ok(Reply::Whole(hit));
                     }
                 }
@@ -493,7 +500,7 @@ impl MemcacheSession {
             }
             if let Some((r, owners)) = warm {
                 for (key, server) in &owners {
-                    if found.contains_key(key) || !warmup::fill(&pool, &r, server, key).await {
+                    if found.contains_key(key) || !Box::pin(warmup::fill(&pool, &r, server, key)).await {
                         continue;
                     }
                     let mut data = BytesMut::new();
@@ -512,7 +519,8 @@ impl MemcacheSession {
                     let Some(server) = pool.state().server_for(&key).cloned() else { continue };
                     let mut data = BytesMut::new();
                     Request::Retrieval { cmd, exptime, keys: vec![key.clone()] }.encode(&mut data);
-                    if let Some(raw) = other_replicas(&pool, r, &key, &server, data.freeze(), VALUES, has_values).await
+                    if let Some(raw) =
+                        Box::pin(other_replicas(&pool, r, &key, &server, data.freeze(), VALUES, has_values)).await
                     {
                         for v in values(&raw) {
                             found.entry(v.key).or_insert(v.raw);
