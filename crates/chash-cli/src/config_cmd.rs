@@ -61,6 +61,12 @@ enum ConfigCommand {
         /// The server's id.
         #[arg(value_name = "ID")]
         id: String,
+        /// Proxies that reload the file keep the server as a warm-up source
+        /// for SECS (memcached pools): its keys are read from it, and copied
+        /// to their new servers, until then. Written as the pool's `drain:`
+        /// key (the time it ends).
+        #[arg(long, value_name = "SECS")]
+        drain: Option<u64>,
     },
     /// Change a server's weight.
     Weight {
@@ -115,19 +121,35 @@ struct FileArgs {
 }
 
 pub fn run(args: ConfigArgs) -> Result<()> {
+    let mut drain = None;
     let (file, edit) = match args.command {
         ConfigCommand::Add { file, line } => {
             let line: ServerLine = line.parse()?;
             (file, Edit::Add(line))
         }
-        ConfigCommand::Remove { file, id } => (file, Edit::Remove(id)),
+        ConfigCommand::Remove { file, id, drain: secs } => {
+            drain = secs.map(|s| (id.clone(), s));
+            (file, Edit::Remove(id))
+        }
         ConfigCommand::Weight { file, id, weight } => (file, Edit::Weight(id, weight)),
         ConfigCommand::Eject { file, id } => (file, Edit::Eject(id)),
         ConfigCommand::Restore { file, id } => (file, Edit::Restore(id)),
     };
     let text =
         std::fs::read_to_string(&file.config).with_context(|| format!("cannot read {}", file.config.display()))?;
-    let edited = edit_text(&text, file.pool.as_deref(), &edit).with_context(|| file.config.display().to_string())?;
+    let mut edited =
+        edit_text(&text, file.pool.as_deref(), &edit).with_context(|| file.config.display().to_string())?;
+    if let Some((id, secs)) = drain {
+        if edited.after.redis {
+            anyhow::bail!(
+                "--drain keeps a memcached server as a warm-up source; pool {} is a Redis pool",
+                edited.after.name
+            );
+        }
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        edited.text = chash::config_edit::set_drain(&edited.text, &edited.after.name, &id, now + secs)
+            .with_context(|| file.config.display().to_string())?;
+    }
     if matches!(edit, Edit::Add(_)) {
         // A server the proxy could not connect to would make the file one
         // it refuses: say so now.

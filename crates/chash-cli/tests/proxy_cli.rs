@@ -710,3 +710,43 @@ fn a_reload_that_would_renumber_is_refused() {
     assert_eq!(v["pools"][0]["placement_fingerprint"].as_str(), Some(row[2]));
     assert_ne!(row[1], before);
 }
+
+/// `chash config remove --drain SECS` writes the removal and the pool's
+/// `drain:` key (the time the window ends); a proxy that reloads the file
+/// keeps the removed server as a warm-up source for that window, where a
+/// plain removal gets the pool's `warmup` (none here).
+#[test]
+fn a_drained_removal_in_the_file_gets_its_window_on_reload() {
+    let dir = TempDir::new("drainfile");
+    let config = dir.path("p.yml");
+    std::fs::write(
+        &config,
+        "web:\n  listen: 127.0.0.1:0\n  distribution: ring\n  servers:   # the cache tier\n   - 127.0.0.1:41001:1 a\n   \
+         - 127.0.0.1:41002:1 b\n   - 127.0.0.1:41003:1 c\n",
+    )
+    .unwrap();
+    let p = ProxyProcess::start(&["-c", config.to_str().unwrap(), "-s", "0", "--no-watch"]);
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_chash")).args(args).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    run(&["config", "remove", "-c", config.to_str().unwrap(), "-i", "--drain", "120", "127.0.0.1:41002"]);
+    let text = std::fs::read_to_string(&config).unwrap();
+    let until: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("drain: {\"127.0.0.1:41002\": "))
+        .and_then(|rest| rest.trim_end_matches('}').parse().ok())
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!((now + 119..=now + 122).contains(&until), "{until} {now}");
+    assert!(!text.contains("41002:1") && text.contains("servers:   # the cache tier"), "{text}");
+    let (status, body) = http(p.admin, "POST", "/reload", "", None);
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let window = v["reloaded"][0]["warmup_seconds"].as_u64().unwrap();
+    assert!((115..=120).contains(&window), "{body}");
+    // A plain removal: no window (the pool has no `warmup`).
+    run(&["config", "remove", "-c", config.to_str().unwrap(), "-i", "127.0.0.1:41003"]);
+    let (_, body) = http(p.admin, "POST", "/reload", "", None);
+    assert!(body.contains("\"warmup_seconds\": 0"), "{body}");
+}

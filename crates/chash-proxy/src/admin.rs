@@ -161,7 +161,7 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
                 let list: Vec<Value> = results
                     .into_iter()
                     .map(|(pool, r)| match r {
-                        Ok(c) => json!({ "pool": pool, "change": c.change, "moved_fraction": c.moved_fraction, "live_servers": c.live_servers }),
+                        Ok(c) => json!({ "pool": pool, "change": c.change, "moved_fraction": c.moved_fraction, "live_servers": c.live_servers, "warmup_seconds": c.warmup_seconds }),
                         Err(e @ PoolError::NeedsRestart { .. }) => json!({ "pool": pool, "warning": e.to_string() }),
                         Err(e) => json!({ "pool": pool, "error": e.to_string() }),
                     })

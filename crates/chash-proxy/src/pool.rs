@@ -700,8 +700,17 @@ impl Pool {
         config.check_reload(&new).map_err(err)?;
         let members = self.members_for(&new, &old.members)?;
         let state = self.state_for(&new, members)?;
+        // Servers this reload removes that the file drains: their window.
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let drain = new
+            .drain
+            .iter()
+            .filter(|(id, _)| config.members().any(|l| l.id == *id) && !new.members().any(|l| l.id == *id))
+            .map(|(_, until)| Duration::from_secs(*until).saturating_sub(now))
+            .max()
+            .unwrap_or_default();
         *config = new;
-        let window = config.warmup;
+        let window = config.warmup.max(drain);
         Ok(self.swap("reloaded the config".into(), Measure::Always, &old, state, config, Some(window)))
     }
 

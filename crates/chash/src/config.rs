@@ -107,6 +107,11 @@ pub struct PoolFile {
     /// chash (proxy): `next` sends a key whose server is unreachable to its
     /// next candidate without changing the placement; `none` (default).
     pub failover: Option<String>,
+    /// chash (proxy, memcached pools): servers removed with a drain, each
+    /// with the Unix time (seconds) until which a proxy that reloads the
+    /// file keeps it as a warm-up source (written by `chash config remove
+    /// --drain`).
+    pub drain: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// A whole config file: pools in file order.
@@ -214,6 +219,7 @@ impl PoolFile {
         b = set(b, &self.replicas, PoolBuilder::replicas);
         b = set(b, &self.read, |b, v: String| b.read(&v));
         b = set(b, &self.failover, |b, v: String| b.failover(&v));
+        b = set(b, &self.drain, |b, v| b.drain(v.into_iter().collect()));
         for line in &self.servers {
             b = b.server_line(line);
         }

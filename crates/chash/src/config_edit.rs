@@ -66,6 +66,54 @@ pub fn edit_text(text: &str, pool: Option<&str>, edit: &Edit) -> Result<Edited> 
     Ok(Edited { text: new_text, before, after })
 }
 
+/// Sets pool `pool`'s `drain:` key to `{ID: UNTIL}` (one removed server
+/// and the Unix time its warm-up window ends), in place of any `drain:`
+/// line the pool has, or as a new line before its `servers:` key; the rest
+/// of the file stays as it is. A proxy that reloads the file keeps the
+/// server as a warm-up source until then.
+///
+/// # Errors
+/// [`Error::Config`] when the pool or its `servers:` key cannot be found,
+/// or its `drain:` key is written over several lines.
+pub fn set_drain(text: &str, pool: &str, id: &str, until: u64) -> Result<String> {
+    let mut lines: Vec<String> = text.split('\n').map(str::to_owned).collect();
+    let cannot = |why: &str| Error::Config(format!("pool {pool}: cannot write its drain: {why}"));
+    let names = [format!("{pool}:"), format!("\"{pool}\":"), format!("'{pool}':")];
+    let start = lines
+        .iter()
+        .position(|l| indent(l) == 0 && names.iter().any(|n| l.starts_with(n.as_str())))
+        .ok_or_else(|| cannot("its name is not a top-level key"))?;
+    let end = (start + 1..lines.len())
+        .find(|&i| indent(&lines[i]) == 0 && !is_blank_or_comment(&lines[i]))
+        .unwrap_or(lines.len());
+    let servers = (start + 1..end)
+        .find(|&i| lines[i].trim_start().starts_with("servers:"))
+        .ok_or_else(|| cannot("it has no `servers:` key"))?;
+    let key_indent = indent(&lines[servers]);
+    let cr = if lines[servers].ends_with('\r') { "\r" } else { "" };
+    let id_text = format!("\"{}\"", id.replace('\\', "\\\\").replace('"', "\\\""));
+    let line = format!("{}drain: {{{id_text}: {until}}}{cr}", " ".repeat(key_indent));
+    let existing =
+        (start + 1..end).find(|&i| indent(&lines[i]) == key_indent && lines[i].trim_start().starts_with("drain:"));
+    match existing {
+        Some(i) => {
+            let value = lines[i].trim_start()["drain:".len()..].trim();
+            if value.is_empty() || value.starts_with('#') {
+                return Err(cannot("its `drain:` key spans several lines; write it as `drain: {ID: UNTIL}`"));
+            }
+            lines[i] = line;
+        }
+        None => lines.insert(servers, line),
+    }
+    let new_text = lines.join("\n");
+    let check = Config::from_yaml(&new_text)?;
+    let reread = check.pool(Some(pool))?;
+    if !reread.drain.iter().any(|(d, u)| d == id && *u == until) {
+        return Err(Error::Config(format!("pool {pool}: the drain does not read back (a bug)")));
+    }
+    Ok(new_text)
+}
+
 /// Where one pool's `servers:` items are in the file's lines.
 struct ServerList {
     /// Index (in the file's lines) of each item line.

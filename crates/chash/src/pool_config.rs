@@ -92,6 +92,9 @@ pub struct PoolConfig {
     /// A key whose server is unreachable goes to its next candidate, the
     /// placement unchanged (`failover: next`; default `none`).
     pub failover: bool,
+    /// Removed servers that stay warm-up sources until a Unix time
+    /// (`drain`: id to seconds), for the reload that removes them.
+    pub drain: Vec<(String, u64)>,
 }
 
 impl PoolConfig {
@@ -224,6 +227,7 @@ pub struct PoolBuilder {
     replicas: Option<u32>,
     read: Option<String>,
     failover: Option<String>,
+    drain: Vec<(String, u64)>,
 }
 
 /// A setter for an optional builder field.
@@ -272,6 +276,7 @@ impl PoolBuilder {
             replicas: None,
             read: None,
             failover: None,
+            drain: Vec::new(),
         }
     }
 
@@ -387,6 +392,13 @@ impl PoolBuilder {
         /// `failover`: `none` or `next`.
         failover: &str
     );
+
+    /// `drain`: removed servers' ids with the Unix time their warm-up
+    /// window ends.
+    pub fn drain(mut self, drain: Vec<(String, u64)>) -> Self {
+        self.drain = drain;
+        self
+    }
 
     /// Servers, parsed already (lines in any state).
     pub fn servers(mut self, servers: Vec<ServerLine>) -> Self {
@@ -504,6 +516,7 @@ impl PoolBuilder {
                 Some("next") => true,
                 Some(other) => return Err(Error::Config(format!("failover: {other:?}: use none or next"))),
             },
+            drain: self.drain,
         };
         if pool.replicas == 0 {
             return Err(Error::Config("replicas: 0: every key needs at least one copy (the default is 1)".into()));
