@@ -190,6 +190,7 @@ impl Previous {
 
 impl Routing {
     /// The index of `key`'s member (any member, for random).
+    #[inline]
     fn member_for(&self, key: &[u8]) -> Option<usize> {
         Some(match self {
             Routing::Placed { snapshot, to_member } => to_member[snapshot.route_index(key)?],
@@ -210,6 +211,7 @@ fn next_random() -> u64 {
 
 impl PoolState {
     /// The server for `key`, or `None` when no server is live.
+    #[inline]
     pub fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {
         let owner = &self.members[self.routing.as_ref()?.member_for(key)?].server;
         if self.failover && owner.health().is_failed_over() {

@@ -215,6 +215,14 @@ impl MemcacheSession {
         let again = if warm.is_some() || failover.is_some() { data.clone() } else { Bytes::new() };
         let pending = server.submit(data, framing, &self.requester).await;
         let pool = self.pool.clone();
+        if warm.is_none() && failover.is_none() && invalidation.is_none() {
+            // The common case, in a future of its own: small to move.
+            return Box::pin(async move {
+                let result = server.finish(pending).await;
+                drop(load);
+                meta_reply(&pool, &server, result, &m, to_mn)
+            });
+        }
         Box::pin(async move {
             let mut result = server.finish(pending).await;
             drop(load);
@@ -240,24 +248,7 @@ impl MemcacheSession {
                     }
                 }
             }
-            let c = pool.counters();
-            let reply = match result {
-                Ok(Reply::Whole(reply)) if to_mn => reply.slice(..reply.len().saturating_sub(b"MN\r\n".len())),
-                Ok(Reply::Whole(reply)) => reply,
-                Ok(Reply::Stream(_)) => Bytes::from_static(UNEXPECTED),
-                Err(e) => {
-                    c.errors.fetch_add(1, Relaxed);
-                    c.forward_errors.fetch_add(1, Relaxed);
-                    return Some(crate::conn::Out::Bytes(server_error(&server, &e)));
-                }
-            };
-            if m.cmd == MetaCmd::Get && (reply.starts_with(b"VA ") || reply.starts_with(b"HD")) {
-                c.get_hits.fetch_add(1, Relaxed);
-            }
-            if reply.starts_with(b"CLIENT_ERROR") || reply.starts_with(b"SERVER_ERROR") || reply.starts_with(b"ERROR") {
-                c.errors.fetch_add(1, Relaxed);
-            }
-            (!reply.is_empty() && (to_mn || !m.quiet_drops(&reply))).then_some(crate::conn::Out::Bytes(reply))
+            meta_reply(&pool, &server, result, &m, to_mn)
         })
     }
 
@@ -300,6 +291,14 @@ impl MemcacheSession {
         let failover = self.failing_over().map(|r| (r, Bytes::copy_from_slice(key), data.clone()));
         let pending = server.submit(data, LINE, &self.requester).await;
         let pool = self.pool.clone();
+        if invalidation.is_none() && failover.is_none() {
+            // The common case, in a future of its own: small to move.
+            return Box::pin(async move {
+                let result = server.finish(pending).await;
+                drop(load);
+                (!noreply).then(|| crate::conn::Out::Bytes(line_reply(&pool, &server, result, noreply)))
+            });
+        }
         Box::pin(async move {
             let mut result = server.finish(pending).await;
             drop(load);
@@ -310,19 +309,7 @@ impl MemcacheSession {
             if let (Some((r, key, data)), Err(_)) = (failover, &result) {
                 (server, result) = Box::pin(elsewhere(&pool, &r, &key, server, data, LINE, false, result)).await;
             }
-            let bytes = match result {
-                Ok(Reply::Whole(line)) => line,
-                Ok(Reply::Stream(_)) => Bytes::from_static(UNEXPECTED),
-                Err(e) => {
-                    if !noreply {
-                        let c = pool.counters();
-                        c.errors.fetch_add(1, Relaxed);
-                        c.forward_errors.fetch_add(1, Relaxed);
-                    }
-                    server_error(&server, &e)
-                }
-            };
-            (!noreply).then_some(crate::conn::Out::Bytes(bytes))
+            (!noreply).then(|| crate::conn::Out::Bytes(line_reply(&pool, &server, result, noreply)))
         })
     }
 
@@ -355,6 +342,16 @@ impl MemcacheSession {
         let mut data = BytesMut::new();
         Request::Retrieval { cmd, exptime, keys }.encode(&mut data);
         let data = data.freeze();
+        if warm.is_none() && failover.is_none() {
+            // The common case, in a future of its own: small to move.
+            let pending = server.submit(data, VALUES, &self.requester).await;
+            let pool = self.pool.clone();
+            return bytes_reply(async move {
+                let result = server.finish(pending).await;
+                drop(load);
+                Some(retrieval_reply(&pool, &server, result))
+            });
+        }
         // Kept for sending again only when that can happen (a clone costs).
         let again = if warm.is_some() || failover.is_some() { data.clone() } else { Bytes::new() };
         let pending = server.submit(data, VALUES, &self.requester).await;
@@ -380,28 +377,7 @@ impl MemcacheSession {
                     }
                 }
             }
-            let c = pool.counters();
-            match result {
-                Ok(Reply::Whole(raw)) if is_values(&raw) => {
-                    if has_values(&raw) {
-                        c.get_hits.fetch_add(1, Relaxed);
-                    }
-                    Some(raw)
-                }
-                Ok(Reply::Whole(line)) => {
-                    c.errors.fetch_add(1, Relaxed);
-                    Some(line)
-                }
-                Ok(Reply::Stream(_)) => {
-                    c.errors.fetch_add(1, Relaxed);
-                    Some(Bytes::from_static(UNEXPECTED))
-                }
-                Err(e) => {
-                    c.errors.fetch_add(1, Relaxed);
-                    c.forward_errors.fetch_add(1, Relaxed);
-                    Some(server_error(&server, &e))
-                }
-            }
+            Some(retrieval_reply(&pool, &server, result))
         })
     }
 
@@ -566,6 +542,77 @@ impl MemcacheSession {
             }
             (!noreply).then_some(reply)
         })
+    }
+}
+
+/// A meta command's reply for the client, counted; `None` when quiet
+/// mode leaves it out.
+fn meta_reply(
+    pool: &Pool,
+    server: &Server,
+    result: Result<Reply, BackendError>,
+    m: &MetaRequest,
+    to_mn: bool,
+) -> Option<crate::conn::Out> {
+    let c = pool.counters();
+    let reply = match result {
+        Ok(Reply::Whole(reply)) if to_mn => reply.slice(..reply.len().saturating_sub(b"MN\r\n".len())),
+        Ok(Reply::Whole(reply)) => reply,
+        Ok(Reply::Stream(_)) => Bytes::from_static(UNEXPECTED),
+        Err(e) => {
+            c.errors.fetch_add(1, Relaxed);
+            c.forward_errors.fetch_add(1, Relaxed);
+            return Some(crate::conn::Out::Bytes(server_error(server, &e)));
+        }
+    };
+    if m.cmd == MetaCmd::Get && (reply.starts_with(b"VA ") || reply.starts_with(b"HD")) {
+        c.get_hits.fetch_add(1, Relaxed);
+    }
+    if reply.starts_with(b"CLIENT_ERROR") || reply.starts_with(b"SERVER_ERROR") || reply.starts_with(b"ERROR") {
+        c.errors.fetch_add(1, Relaxed);
+    }
+    (!reply.is_empty() && (to_mn || !m.quiet_drops(&reply))).then_some(crate::conn::Out::Bytes(reply))
+}
+
+/// A one-line reply for the client (errors counted unless `noreply`).
+fn line_reply(pool: &Pool, server: &Server, result: Result<Reply, BackendError>, noreply: bool) -> Bytes {
+    match result {
+        Ok(Reply::Whole(line)) => line,
+        Ok(Reply::Stream(_)) => Bytes::from_static(UNEXPECTED),
+        Err(e) => {
+            if !noreply {
+                let c = pool.counters();
+                c.errors.fetch_add(1, Relaxed);
+                c.forward_errors.fetch_add(1, Relaxed);
+            }
+            server_error(server, &e)
+        }
+    }
+}
+
+/// A retrieval's reply for the client, counted.
+fn retrieval_reply(pool: &Pool, server: &Server, result: Result<Reply, BackendError>) -> Bytes {
+    let c = pool.counters();
+    match result {
+        Ok(Reply::Whole(raw)) if is_values(&raw) => {
+            if has_values(&raw) {
+                c.get_hits.fetch_add(1, Relaxed);
+            }
+            raw
+        }
+        Ok(Reply::Whole(line)) => {
+            c.errors.fetch_add(1, Relaxed);
+            line
+        }
+        Ok(Reply::Stream(_)) => {
+            c.errors.fetch_add(1, Relaxed);
+            Bytes::from_static(UNEXPECTED)
+        }
+        Err(e) => {
+            c.errors.fetch_add(1, Relaxed);
+            c.forward_errors.fetch_add(1, Relaxed);
+            server_error(server, &e)
+        }
     }
 }
 
