@@ -431,9 +431,6 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
     options.client_buffer = args.client_buffer.max(1);
     options.client_idle_timeout = (args.client_idle_timeout > 0).then(|| Duration::from_secs(args.client_idle_timeout));
     options.config_path = args.config.clone();
-    if args.persist && args.config.is_none() {
-        bail!("--persist writes admin changes to the config file: give one with -c FILE");
-    }
     if args.persist && args.no_admin {
         bail!("--persist writes changes made through the admin endpoint, which --no-admin turns off");
     }

@@ -222,13 +222,20 @@ impl PoolState {
 
     /// The first of `key`'s candidates that is not failed over.
     fn next_up(&self, key: &[u8]) -> Option<&Arc<Server>> {
+        self.candidate_servers(key).find(|s| !s.health().is_failed_over())
+    }
+
+    /// `key`'s servers in its placement's candidate order (a server again
+    /// where the placement repeats it; none for random).
+    fn candidate_servers<'a>(&'a self, key: &[u8]) -> impl Iterator<Item = &'a Arc<Server>> + use<'a> {
         use chash::Placement as _;
-        let Some(Routing::Placed { snapshot, to_member }) = self.routing.as_deref() else { return None };
-        snapshot
-            .placement()
-            .candidates_hash(snapshot.key_hash(key))
-            .map(|node| &self.members[to_member[node]].server)
-            .find(|s| !s.health().is_failed_over())
+        let placed = match self.routing.as_deref() {
+            Some(Routing::Placed { snapshot, to_member }) => Some((snapshot, to_member, snapshot.key_hash(key))),
+            _ => None,
+        };
+        placed.into_iter().flat_map(move |(snapshot, to_member, hash)| {
+            snapshot.placement().candidates_hash(hash).map(move |node| &self.members[to_member[node]].server)
+        })
     }
 
     /// The servers that held `key` under the placements still warming up
@@ -254,26 +261,19 @@ impl PoolState {
     /// Up to `n` distinct servers for `key` in its placement's candidate
     /// order, servers failed over left out (none left: the owner).
     pub fn candidates(&self, key: &[u8], n: usize) -> Vec<Arc<Server>> {
-        use chash::Placement as _;
         let mut out: Vec<Arc<Server>> = Vec::new();
-        match self.routing.as_deref() {
-            Some(Routing::Placed { snapshot, to_member }) => {
-                for node in snapshot.placement().candidates_hash(snapshot.key_hash(key)) {
-                    let server = &self.members[to_member[node]].server;
-                    if !server.health().is_failed_over() && !out.iter().any(|s| Arc::ptr_eq(s, server)) {
-                        out.push(server.clone());
-                        if out.len() == n {
-                            break;
-                        }
-                    }
-                }
-                if out.is_empty() {
-                    out.extend(
-                        self.routing.as_deref().and_then(|r| r.member_for(key)).map(|m| self.members[m].server.clone()),
-                    );
+        for server in self.candidate_servers(key) {
+            if !server.health().is_failed_over() && !out.iter().any(|s| Arc::ptr_eq(s, server)) {
+                out.push(server.clone());
+                if out.len() == n {
+                    break;
                 }
             }
-            _ => out.extend(self.server_for(key).cloned()),
+        }
+        if out.is_empty() {
+            // Random, or every candidate failed over: the owner.
+            let owner = self.routing.as_deref().and_then(|r| r.member_for(key));
+            out.extend(owner.map(|m| self.members[m].server.clone()));
         }
         out
     }

@@ -7,18 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use chash::Placement as _;
-use support::{memcacheds, Client, Memcached, Proxy};
-
-fn config(extra: &str, servers: &[Memcached]) -> String {
-    let mut yml = format!(
-        "alpha:\n  listen: 127.0.0.1:{}\n  distribution: ring\n  hash: xxh3\n{extra}  servers:\n",
-        support::free_port()
-    );
-    for s in servers {
-        yml.push_str(&format!("   - {}:1\n", s.id()));
-    }
-    yml
-}
+use support::{memcacheds, ring_config, Client, Proxy};
 
 /// The ids of `key`'s candidates in the placement's order.
 fn candidates(yml: &str, key: &str) -> Vec<String> {
@@ -59,7 +48,10 @@ fn set_all(c: &mut Client, keys: &[String], value: impl Fn(&str) -> String) {
 #[test]
 fn replicas_keep_every_key_through_a_dead_server() {
     let mut mc = memcacheds(4);
-    let yml = config("  timeout: 400\n  replicas: 2\n  server_retry_timeout: 500\n  server_failure_limit: 3\n", &mc);
+    let yml = ring_config(
+        "  timeout: 400\n  replicas: 2\n  server_retry_timeout: 500\n  server_failure_limit: 3\n",
+        &mc.iter().collect::<Vec<_>>(),
+    );
     let proxy = Proxy::start(&yml);
     let mut c = proxy.client();
     let keys: Vec<String> = (0..2000).map(|i| format!("r:{i}")).collect();
@@ -113,8 +105,10 @@ fn replicas_keep_every_key_through_a_dead_server() {
 #[test]
 fn failover_moves_only_the_dead_servers_keys() {
     let mut mc = memcacheds(4);
-    let yml =
-        config("  timeout: 100\n  failover: next\n  server_retry_timeout: 1000\n  server_failure_limit: 3\n", &mc);
+    let yml = ring_config(
+        "  timeout: 100\n  failover: next\n  server_retry_timeout: 1000\n  server_failure_limit: 3\n",
+        &mc.iter().collect::<Vec<_>>(),
+    );
     let proxy = Proxy::start(&yml);
     let fingerprint = stats(&proxy)["pools"][0]["placement_fingerprint"].clone();
     let mut c = proxy.client();

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{memcacheds, Client, Memcached, Proxy};
+use support::{memcacheds, ring_config, Client, Memcached, Proxy};
 
 const KEYS: usize = 100_000;
 const CLIENTS: usize = 20;
@@ -21,19 +21,6 @@ fn key(i: usize) -> String {
 /// A value that names its key and its version.
 fn value(i: usize, version: u32) -> String {
     format!("{}|{version}", key(i))
-}
-
-/// A ring pool of `servers` with `extra` pool keys; servers named by port
-/// (the ring places by id, so where keys go does not depend on names).
-fn config(extra: &str, servers: &[&Memcached]) -> String {
-    let mut yml = format!(
-        "alpha:\n  listen: 127.0.0.1:{}\n  distribution: ring\n  hash: xxh3\n{extra}  servers:\n",
-        support::free_port()
-    );
-    for s in servers {
-        yml.push_str(&format!("   - {}:1\n", s.id()));
-    }
-    yml
 }
 
 /// Stores keys `range` at version 0 (pipelined, a thousand at a time).
@@ -80,7 +67,7 @@ fn sweep(c: &mut Client, owned: &[usize], state: &HashMap<usize, Option<u32>>, p
 #[test]
 fn warmup_changes_under_load_lose_no_key() {
     let mc = memcacheds(4);
-    let proxy = Proxy::start(&config("  warmup: 600\n", &[&mc[0], &mc[1], &mc[2]]));
+    let proxy = Proxy::start(&ring_config("  warmup: 600\n", &[&mc[0], &mc[1], &mc[2]]));
     let mut c = proxy.client();
     preload(&mut c, 0..KEYS);
     let stop = Arc::new(AtomicBool::new(false));
@@ -201,7 +188,7 @@ fn warmup_changes_under_load_lose_no_key() {
 #[test]
 fn without_warmup_moved_keys_miss() {
     let mc = memcacheds(3);
-    let proxy = Proxy::start(&config("", &[&mc[0], &mc[1]]));
+    let proxy = Proxy::start(&ring_config("", &[&mc[0], &mc[1]]));
     let mut c = proxy.client();
     preload(&mut c, 0..2000);
     let (status, reply) = proxy.admin("POST", "/pools/alpha/servers", &format!("{}:1", mc[2].id()));
@@ -219,7 +206,7 @@ fn without_warmup_moved_keys_miss() {
 #[test]
 fn a_drained_server_serves_its_keys_then_is_let_go() {
     let mc = memcacheds(4);
-    let yml = config("  preconnect: true\n", &[&mc[0], &mc[1], &mc[2], &mc[3]]);
+    let yml = ring_config("  preconnect: true\n", &[&mc[0], &mc[1], &mc[2], &mc[3]]);
     let proxy = Proxy::start(&yml);
     let mut c = proxy.client();
     preload(&mut c, 0..3000);

@@ -78,17 +78,7 @@ pub fn edit_text(text: &str, pool: Option<&str>, edit: &Edit) -> Result<Edited> 
 pub fn set_drain(text: &str, pool: &str, id: &str, until: u64) -> Result<String> {
     let mut lines: Vec<String> = text.split('\n').map(str::to_owned).collect();
     let cannot = |why: &str| Error::Config(format!("pool {pool}: cannot write its drain: {why}"));
-    let names = [format!("{pool}:"), format!("\"{pool}\":"), format!("'{pool}':")];
-    let start = lines
-        .iter()
-        .position(|l| indent(l) == 0 && names.iter().any(|n| l.starts_with(n.as_str())))
-        .ok_or_else(|| cannot("its name is not a top-level key"))?;
-    let end = (start + 1..lines.len())
-        .find(|&i| indent(&lines[i]) == 0 && !is_blank_or_comment(&lines[i]))
-        .unwrap_or(lines.len());
-    let servers = (start + 1..end)
-        .find(|&i| lines[i].trim_start().starts_with("servers:"))
-        .ok_or_else(|| cannot("it has no `servers:` key"))?;
+    let (start, end, servers) = pool_block(&lines, pool).map_err(cannot)?;
     let key_indent = indent(&lines[servers]);
     let cr = if lines[servers].ends_with('\r') { "\r" } else { "" };
     let id_text = format!("\"{}\"", id.replace('\\', "\\\\").replace('"', "\\\""));
@@ -157,6 +147,22 @@ fn split_item(line: &str) -> Option<Item<'_>> {
     Some(Item { prefix, quote, rest, cr })
 }
 
+/// Where pool `pool` is in the file's lines: its name's line, the line
+/// after its block, and its `servers:` key's line; or why it is not found.
+fn pool_block<S: AsRef<str>>(lines: &[S], pool: &str) -> std::result::Result<(usize, usize, usize), &'static str> {
+    let line = |i: usize| lines[i].as_ref();
+    let names = [format!("{pool}:"), format!("\"{pool}\":"), format!("'{pool}':")];
+    let start = (0..lines.len())
+        .find(|&i| indent(line(i)) == 0 && names.iter().any(|n| line(i).starts_with(n.as_str())))
+        .ok_or("its name is not a top-level key")?;
+    let end = (start + 1..lines.len())
+        .find(|&i| indent(line(i)) == 0 && !is_blank_or_comment(line(i)))
+        .unwrap_or(lines.len());
+    let servers =
+        (start + 1..end).find(|&i| line(i).trim_start().starts_with("servers:")).ok_or("it has no `servers:` key")?;
+    Ok((start, end, servers))
+}
+
 fn indent(line: &str) -> usize {
     line.len() - line.trim_start().len()
 }
@@ -170,17 +176,7 @@ impl ServerList {
     fn find(text: &str, pool: &str, config: &PoolConfig) -> Result<ServerList> {
         let lines: Vec<&str> = text.split('\n').collect();
         let cannot = |why: &str| Error::Config(format!("pool {pool}: cannot edit its servers in place: {why}"));
-        let names = [format!("{pool}:"), format!("\"{pool}\":"), format!("'{pool}':")];
-        let start = lines
-            .iter()
-            .position(|l| indent(l) == 0 && names.iter().any(|n| l.starts_with(n.as_str())))
-            .ok_or_else(|| cannot("its name is not a top-level key"))?;
-        let end = (start + 1..lines.len())
-            .find(|&i| indent(lines[i]) == 0 && !is_blank_or_comment(lines[i]))
-            .unwrap_or(lines.len());
-        let key = (start + 1..end)
-            .find(|&i| lines[i].trim_start().starts_with("servers:"))
-            .ok_or_else(|| cannot("it has no `servers:` key"))?;
+        let (_, end, key) = pool_block(&lines, pool).map_err(cannot)?;
         let after_key = lines[key].trim_start()["servers:".len()..].trim();
         if !(after_key.is_empty() || after_key.starts_with('#')) {
             return Err(cannot("its servers are written as a flow list `[...]`; write one `- ` line per server"));

@@ -208,7 +208,7 @@ impl MemcacheSession {
         };
         let writes = matches!(m.cmd, MetaCmd::Set | MetaCmd::Delete | MetaCmd::Arith);
         if writes && self.pool.settings.replicas > 1 && !to_mn && !m.quiet {
-            return self.replicated_meta(&m.real_key, data).await;
+            return self.replicated(&m.real_key, data, META, false).await;
         }
         let failover = self.failing_over().map(|r| (r, m.real_key.clone()));
         // Kept for sending again only when that can happen (a clone costs).
@@ -252,18 +252,6 @@ impl MemcacheSession {
         })
     }
 
-    /// A meta write of a replicated pool (see [`MemcacheSession::replicated`]).
-    async fn replicated_meta(&self, key: &[u8], data: Bytes) -> PendingReply {
-        let servers = self.pool.replicas_for(key);
-        let mut waits = Vec::with_capacity(servers.len());
-        for server in servers {
-            let pending = server.submit(data.clone(), META, &self.requester).await;
-            waits.push((server, pending));
-        }
-        let pool = self.pool.clone();
-        Box::pin(async move { Some(crate::conn::Out::Bytes(gather_replicas(&pool, waits).await)) })
-    }
-
     /// Counts a request answered with an error the proxy made up.
     fn forward_error(&self) {
         let c = self.pool.counters();
@@ -282,7 +270,7 @@ impl MemcacheSession {
         req.encode(&mut data);
         let data = data.freeze();
         if self.pool.settings.replicas > 1 {
-            return self.replicated(key, data, noreply).await;
+            return self.replicated(key, data, LINE, noreply).await;
         }
         let invalidation = match self.warming() {
             Some(r) => Invalidation::start(&self.pool, &r, &server, key).await,
@@ -316,11 +304,17 @@ impl MemcacheSession {
     /// A write of a replicated pool: to the key's first `replicas`
     /// candidates at once; the client gets the first one's reply that came
     /// (in candidate order), and a replica that fails is counted and logged.
-    async fn replicated(&self, key: &[u8], data: Bytes, noreply: bool) -> PendingReply {
+    async fn replicated(
+        &self,
+        key: &[u8],
+        data: Bytes,
+        framing: &'static dyn crate::backend::Framing,
+        noreply: bool,
+    ) -> PendingReply {
         let servers = self.pool.replicas_for(key);
         let mut waits = Vec::with_capacity(servers.len());
         for server in servers {
-            let pending = server.submit(data.clone(), LINE, &self.requester).await;
+            let pending = server.submit(data.clone(), framing, &self.requester).await;
             waits.push((server, pending));
         }
         let pool = self.pool.clone();

@@ -195,6 +195,18 @@ pub fn config(pool_extra: &str, servers: &[&Memcached]) -> String {
     yml
 }
 
+/// A `distribution: ring` (xxh3) pool of `servers` with `extra` pool keys,
+/// servers named by their ids: the ring places by id, so where a key goes
+/// follows from the ports drawn, which tests read back.
+pub fn ring_config(extra: &str, servers: &[&Memcached]) -> String {
+    let mut yml =
+        format!("alpha:\n  listen: 127.0.0.1:{}\n  distribution: ring\n  hash: xxh3\n{extra}  servers:\n", free_port());
+    for s in servers {
+        yml.push_str(&format!("   - {}:1\n", s.id()));
+    }
+    yml
+}
+
 /// A real twemproxy (Debian's nutcracker) on loopback ports, from a YAML
 /// config whose first `listen:` line is replaced with its own port.
 pub struct Nutcracker {
