@@ -115,3 +115,22 @@ fn meta_memcache_through_the_proxy() {
         assert!(held > 0, "{} holds none of the 2,000 keys", m.id());
     }
 }
+
+/// pymemcache, python-memcached and meta-memcache (Dalli's protocol)
+/// through a pool with `warmup`: keys they stored before a server is
+/// removed all read back after it (multi-gets and `mg`), found on the
+/// removed server and copied to their new ones.
+#[test]
+fn client_libraries_lose_no_key_across_a_change_with_warmup() {
+    let mc = memcacheds(3);
+    let refs: Vec<&Memcached> = mc.iter().collect();
+    let proxy = Proxy::start(&support::ring_config("  warmup: 600\n", &refs));
+    let addr = proxy.addr.to_string();
+    run_script("warmup_clients.py", &[&addr, "write"]);
+    let (status, body) = proxy.admin("DELETE", &format!("/pools/alpha/servers/{}", mc[1].id()), "");
+    assert_eq!(status, 200, "{body}");
+    run_script("warmup_clients.py", &[&addr, "read"]);
+    let (_, stats) = proxy.admin("GET", "/stats", "");
+    let v: serde_json::Value = serde_json::from_str(&stats).unwrap();
+    assert!(v["pools"][0]["warmup_copies"].as_u64().unwrap() > 300, "{stats}");
+}
