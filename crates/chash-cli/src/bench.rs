@@ -22,22 +22,26 @@ Examples:
   chash bench --node a:1 --node b:1 --node c:2 --distribution maglev --seconds 4
   chash bench -c nutcracker.yml --keys-file keys.txt --json
 
-Four measurements share --seconds equally: lookups with key hashing (the key's
+Eight measurements share --seconds equally: lookups with key hashing (the key's
 hash tag, hash and lookup, as the proxy routes a request) and from precomputed
 hashes (the lookup alone), each on one thread and on one thread per available
-core, over the same pre-generated keys (--keys N keys key:<i>, default 100000,
-or --keys-file F). ns/lookup is per thread (wall time x threads / lookups);
-lookups/s counts all threads together. With bounded, a lookup is an acquire and
-its release, as the proxy does per request. Use many keys (the default): a few
-thousand keys in a loop are learnt by the CPU's branch predictor, and lookups
-over them look several times faster than over real traffic.
+core, each on two key sets built before timing:
+  stream  every key (--keys N keys key:<i>, default 1000000, or --keys-file
+          F), each looked up once per pass, in order: what a proxy sees, and
+          the figure to plan with;
+  hot     the first 4096 of them, cycled: the best case, a set the CPU's
+          branch predictor and caches have learnt (several times faster than
+          real traffic for some distributions).
+ns/lookup is per thread (wall time x threads / lookups); lookups/s counts all
+threads together, on the stream. With bounded, a lookup is an acquire and its
+release, as the proxy does per request.
 
 --json prints one object:
   pool, distribution, hash, servers, points (null unless made of points), keys,
-  threads (available cores), seconds (per measurement), build_ms, operation
-  (\"lookup\" or \"acquire+release\"), results: [{hashing (true: from the key;
-  false: precomputed hash), threads, lookups, seconds, lookups_per_second,
-  ns_per_lookup}].")]
+  hot_keys, threads (available cores), seconds (per measurement), build_ms,
+  operation (\"lookup\" or \"acquire+release\"), results: [{set (\"stream\" or
+  \"hot\"), hashing (true: from the key; false: precomputed hash), threads,
+  lookups, seconds, lookups_per_second, ns_per_lookup}].")]
 pub struct BenchArgs {
     #[command(flatten)]
     pool: PoolArgs,
@@ -45,7 +49,7 @@ pub struct BenchArgs {
     #[command(flatten)]
     keys: KeyArgs,
 
-    /// Total run time in seconds, split across the four measurements.
+    /// Total run time in seconds, split across the eight measurements.
     #[arg(long, value_name = "S", default_value = "2", value_parser = parse_seconds)]
     seconds: f64,
 
@@ -61,8 +65,13 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+/// Keys in the hot set: the first ones of the stream, cycled.
+const HOT_KEYS: usize = 4096;
+
 /// One measurement's result.
 struct Measurement {
+    /// On the hot set (else the stream).
+    hot: bool,
     hashing: bool,
     threads: usize,
     lookups: u64,
@@ -117,7 +126,8 @@ fn measure(threads: usize, budget: Duration, n: usize, lookup: impl Fn(usize) ->
     (lookups, start.elapsed())
 }
 
-/// The four measurements for `snapshot` over `keys` (`spans` into `bytes`).
+/// The eight measurements for `snapshot` over `keys` (`spans` into
+/// `bytes`): the stream, then its first [`HOT_KEYS`].
 fn run_all(
     snapshot: &Snapshot,
     bytes: &[u8],
@@ -127,10 +137,10 @@ fn run_all(
 ) -> Vec<Measurement> {
     let placement = snapshot.placement();
     let hashes: Vec<u64> = spans.iter().map(|&(a, b)| snapshot.key_hash(&bytes[a..b])).collect();
-    let n = spans.len();
     let bounded = matches!(placement, AnyPlacement::Bounded(_));
     let mut out = Vec::new();
-    for hashing in [true, false] {
+    for (hot, hashing) in [(false, true), (false, false), (true, true), (true, false)] {
+        let n = if hot { spans.len().min(HOT_KEYS) } else { spans.len() };
         for threads in [1, cores] {
             let (lookups, elapsed) = match (hashing, bounded) {
                 (true, false) => measure(threads, budget, n, |i| {
@@ -150,7 +160,7 @@ fn run_all(
                     node
                 }),
             };
-            out.push(Measurement { hashing, threads, lookups, elapsed });
+            out.push(Measurement { hot, hashing, threads, lookups, elapsed });
         }
     }
     out
@@ -168,7 +178,7 @@ fn si(x: f64) -> String {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let pool = args.pool.pool("bench")?;
-    let keys = args.keys.key_set()?;
+    let keys = args.keys.key_set_or(1_000_000)?;
     let built = Instant::now();
     let snapshot = pool.snapshot()?;
     let build = built.elapsed();
@@ -178,7 +188,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bytes.extend_from_slice(k);
     });
     let cores = thread::available_parallelism().map_or(1, |n| n.get());
-    let budget = Duration::from_secs_f64(args.seconds / 4.0);
+    let budget = Duration::from_secs_f64(args.seconds / 8.0);
     let results = run_all(&snapshot, &bytes, &spans, budget, cores);
     let bounded = matches!(snapshot.placement(), AnyPlacement::Bounded(_));
     let points = point_count(snapshot.placement());
@@ -193,12 +203,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
             "servers": snapshot.nodes().len(),
             "points": points,
             "keys": keys.len(),
+            "hot_keys": spans.len().min(HOT_KEYS),
             "threads": cores,
             "seconds": budget.as_secs_f64(),
             "build_ms": build.as_secs_f64() * 1e3,
             "operation": if bounded { "acquire+release" } else { "lookup" },
             "results": results.iter().map(|m| json!({
-                "hashing": m.hashing, "threads": m.threads, "lookups": m.lookups,
+                "set": if m.hot { "hot" } else { "stream" }, "hashing": m.hashing, "threads": m.threads, "lookups": m.lookups,
                 "seconds": m.elapsed.as_secs_f64(), "lookups_per_second": m.per_second(),
                 "ns_per_lookup": m.ns_per_lookup(),
             })).collect::<Vec<_>>(),
@@ -218,18 +229,37 @@ pub fn run(args: BenchArgs) -> Result<()> {
         snapshot.nodes().len(),
         build.as_secs_f64() * 1e3
     )?;
-    writeln!(out, "{}; {:.2} s per measurement; {cores} cores", keys.describe(), budget.as_secs_f64())?;
+    writeln!(
+        out,
+        "stream: {}; hot: the first {} cycled; {:.2} s per measurement; {cores} cores",
+        keys.describe(),
+        spans.len().min(HOT_KEYS),
+        budget.as_secs_f64()
+    )?;
     if bounded {
         writeln!(out, "bounded: each lookup is an acquire and its release, as the proxy does per request")?;
     }
     writeln!(out)?;
-    writeln!(out, "{:<18}  {:>7}  {:>9}  {:>12}", "lookup", "threads", "ns/lookup", "lookups/s")?;
-    for m in &results {
+    writeln!(
+        out,
+        "{:<18}  {:>7}  {:>16}  {:>13}  {:>18}",
+        "lookup", "threads", "stream ns/lookup", "hot ns/lookup", "stream lookups/s"
+    )?;
+    let half = results.len() / 2;
+    for (m, h) in results[..half].iter().zip(&results[half..]) {
         let what = if m.hashing { "with key hashing" } else { "precomputed hash" };
-        writeln!(out, "{what:<18}  {:>7}  {:>9.1}  {:>12}", m.threads, m.ns_per_lookup(), si(m.per_second()))?;
+        writeln!(
+            out,
+            "{what:<18}  {:>7}  {:>16.1}  {:>13.1}  {:>18}",
+            m.threads,
+            m.ns_per_lookup(),
+            h.ns_per_lookup(),
+            si(m.per_second())
+        )?;
     }
     writeln!(out)?;
     writeln!(out, "ns/lookup is per thread (wall time x threads / lookups); lookups/s is all threads together.")?;
+    writeln!(out, "Plan with the stream: real traffic is not a hot set the CPU has learnt.")?;
     out.flush()?;
     Ok(())
 }

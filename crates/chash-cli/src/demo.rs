@@ -512,12 +512,16 @@ fn compare(keys: &[String]) -> Result<Vec<AlgoRow>> {
         ("rendezvous", "xxh3"),
         ("maglev", "xxh3"),
         ("jump", "xxh3"),
+        ("jumpback", "xxh3"),
         ("anchor", "xxh3"),
         ("multiprobe", "xxh3"),
         ("bounded", "xxh3"),
     ] {
         let distribution: Distribution = dist.parse()?;
-        let weighted = !matches!(distribution, Distribution::Jump | Distribution::Anchor | Distribution::Multiprobe);
+        let weighted = !matches!(
+            distribution,
+            Distribution::Jump | Distribution::JumpBack | Distribution::Anchor | Distribution::Multiprobe
+        );
         let servers = SPEC
             .iter()
             .map(|(id, w)| format!("{id}:{}", if weighted { *w } else { 1 }).parse::<ServerLine>())
@@ -530,7 +534,7 @@ fn compare(keys: &[String]) -> Result<Vec<AlgoRow>> {
         if !weighted {
             note.push_str(" (weights 1)");
         }
-        let left = if distribution == Distribution::Jump {
+        let left = if matches!(distribution, Distribution::Jump | Distribution::JumpBack) {
             // Jump can only lose its last bucket.
             note.push_str(&format!(", {} leaves", SPEC[SPEC.len() - 1].0));
             before.without_node(SPEC[SPEC.len() - 1].0)?

@@ -129,10 +129,11 @@ impl KeySet {
 /// `--keys N` or `--keys-file F`: the key set of `analyze` and `bench`.
 #[derive(Args, Debug)]
 pub struct KeyArgs {
-    /// Number of keys `key:0`, `key:1`, ... to sample.
-    #[arg(long = "keys", value_name = "N", default_value_t = 100_000,
+    /// Number of keys `key:0`, `key:1`, ... to sample [default: 100000;
+    /// bench: 1000000].
+    #[arg(long = "keys", value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
-    keys: u64,
+    keys: Option<u64>,
 
     /// Keys from a file instead, one per line (split on LF only; `-` for
     /// standard input).
@@ -146,8 +147,17 @@ impl KeyArgs {
     /// # Errors
     /// The key file cannot be read, or holds no keys.
     pub fn key_set(&self) -> anyhow::Result<KeySet> {
+        self.key_set_or(100_000)
+    }
+
+    /// As [`KeyArgs::key_set`], with `default` keys when `--keys` is not
+    /// given.
+    ///
+    /// # Errors
+    /// As [`KeyArgs::key_set`].
+    pub fn key_set_or(&self, default: u64) -> anyhow::Result<KeySet> {
         match &self.keys_file {
-            None => Ok(KeySet::Numbered(self.keys)),
+            None => Ok(KeySet::Numbered(self.keys.unwrap_or(default))),
             Some(path) => {
                 let set = KeySet::from_file(path)?;
                 if set.len() == 0 {

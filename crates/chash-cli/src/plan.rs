@@ -278,9 +278,10 @@ pub fn report(args: &PlanArgs, old_pool: PoolConfig, new_pool: PoolConfig, out: 
     let key_file = args.keys_file.as_deref().map(KeySet::from_file).transpose()?;
     let old = old_pool.snapshot()?;
     let change = Change::between(&old_pool.servers, &new_pool.servers);
-    let incremental_kind = matches!(old_pool.distribution, Distribution::Anchor | Distribution::Jump)
-        && same_settings(&old_pool, &new_pool)
-        && change.count() == 1;
+    let incremental_kind =
+        matches!(old_pool.distribution, Distribution::Anchor | Distribution::Jump | Distribution::JumpBack)
+            && same_settings(&old_pool, &new_pool)
+            && change.count() == 1;
     let d = old_pool.distribution;
     let (new, incremental, method_note) = match change.apply(&old).filter(|_| incremental_kind && !args.rebuild) {
         Some(Ok(s)) => {

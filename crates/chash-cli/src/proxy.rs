@@ -304,6 +304,25 @@ fn load(path: &Path) -> Result<Vec<PoolConfig>> {
     Ok(pools)
 }
 
+/// The advice for an anchor pool whose capacity dwarfs its servers: every
+/// lookup that starts on a free bucket re-draws about ln(capacity /
+/// servers) times (BENCHMARKS.md, "Lookups on a stream of keys").
+fn anchor_advice(pool: &PoolConfig) -> Option<String> {
+    let servers = pool.servers.len().max(1);
+    let capacity = pool.anchor_capacity as usize;
+    (pool.distribution == chash::Distribution::Anchor && capacity >= 16 * servers).then(|| {
+        format!(
+            "pool {:?}: anchor_capacity {capacity} for {servers} servers: a lookup re-draws about {:.1} times \
+             (ln {capacity}/{servers}), several times slower than with a capacity near the pool's size. For a new \
+             pool, set anchor_capacity to about twice the most servers it will hold (e.g. {}); on a live pool, \
+             changing it moves keys",
+            pool.name,
+            (capacity as f64 / servers as f64).ln(),
+            (2 * servers).next_power_of_two().max(16)
+        )
+    })
+}
+
 /// The name the command was called by: `nutcracker` or `chash`.
 fn program() -> &'static str {
     let called = std::env::args_os().next().unwrap_or_default();
@@ -322,6 +341,9 @@ pub fn run(args: ProxyArgs) -> Result<()> {
     if args.test_conf {
         let path = args.config.as_ref().context("--test-conf needs -c FILE")?;
         let pools = load(path)?;
+        for advice in pools.iter().filter_map(anchor_advice) {
+            eprintln!("{}: note: {advice}", program());
+        }
         let plural = if pools.len() == 1 { "pool" } else { "pools" };
         let ok =
             format!("{}: configuration file '{}' syntax is ok ({} {plural})", program(), path.display(), pools.len());
@@ -456,6 +478,9 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
             (vec![spec], Some(shutdown))
         }
     };
+    for advice in specs.iter().filter_map(|s| anchor_advice(&s.config)) {
+        tracing::warn!("{advice}");
+    }
     let running = chash_proxy::start(specs, options).await?;
     if let Some(path) = &args.pid_file {
         std::fs::write(path, format!("{}\n", std::process::id()))

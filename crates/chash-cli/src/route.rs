@@ -51,11 +51,12 @@ Without KEY arguments, keys are read from standard input, one per line (split on
 LF only; every other byte is part of the key). With -c, the pool's settings and
 twemproxy's defaults apply (distribution ketama, hash fnv1a_64); with --node,
 chash's defaults apply (distribution ring, hash xxh3, 160 vnodes per unit of
-weight). Distributions: ring, ketama, modula, nginx, jump, rendezvous, maglev,
-anchor (or memento), multiprobe, bounded (random has no fixed placement to
-print). --fingerprint prints each pool's membership version and placement
-fingerprint instead (every pool of the file unless --pool names one). jump,
-anchor and multiprobe take equal weights only. With bounded, keys are placed
+weight). Distributions: ring, ketama, modula, nginx, jump, jumpback,
+rendezvous, maglev, anchor (or memento), multiprobe, bounded (random has no
+fixed placement to print). --fingerprint prints each pool's membership
+version and placement fingerprint instead (every pool of the file unless
+--pool names one). jump, jumpback, anchor and multiprobe take equal weights
+only. With bounded, keys are placed
 in input order and each holds one unit of load to the end, so no
 server gets more than ceil(balance factor x mean) of them.")]
 pub struct RouteArgs {

@@ -13,7 +13,7 @@ fn every_distribution_routes_as_the_library_does() {
     let servers = ["10.0.0.1:11211:1", "10.0.0.2:11211:1", "10.0.0.3:11211:1", "cache-d:1", "cache-e:1"];
     let keys: Vec<String> = (0..2000).map(|i| format!("user:{i}")).collect();
     let input = keys.join("\n");
-    for name in ["jump", "rendezvous", "maglev", "anchor", "memento", "multiprobe", "bounded"] {
+    for name in ["jump", "jumpback", "rendezvous", "maglev", "anchor", "memento", "multiprobe", "bounded"] {
         let mut args = vec!["route", "--distribution", name];
         for s in &servers {
             args.extend(["--node", s]);

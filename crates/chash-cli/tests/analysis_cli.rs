@@ -137,13 +137,13 @@ fn analyze_a_config_file_and_a_key_file() {
 
 #[test]
 fn analyze_compares_distributions() {
-    let list = "ketama,ring,jump,maglev,rendezvous,anchor,multiprobe,bounded,nginx,modula";
+    let list = "ketama,ring,jump,jumpback,maglev,rendezvous,anchor,multiprobe,bounded,nginx,modula";
     let weighted = ["analyze", "--node", "a:1", "--node", "b:2", "--node", "c:1", "--keys", "5000"];
     let text = ok(&[&weighted[..], &["--compare", list]].concat());
     for d in list.split(',') {
         let row = text.lines().find(|l| l.starts_with(&format!("{d} "))).unwrap_or_else(|| panic!("{d}: {text}"));
         // The algorithms without weights say why instead of aborting.
-        let refused = matches!(d, "jump" | "anchor" | "multiprobe");
+        let refused = matches!(d, "jump" | "jumpback" | "anchor" | "multiprobe");
         assert_eq!(row.contains("cannot place these servers"), refused, "{row}");
     }
     assert!(text.contains("does not support weights"), "{text}");
@@ -161,7 +161,7 @@ fn analyze_compares_distributions() {
     // Equal weights: every distribution places them; `all` lists each once.
     let doc = json(&["analyze", "--node", "a:1", "--node", "b:1", "--keys", "2000", "--compare", "all,ring", "--json"]);
     let compare = doc["compare"].as_array().unwrap();
-    assert_eq!(compare.len(), 10);
+    assert_eq!(compare.len(), 11);
     assert!(compare.iter().all(|c| c["error"].is_null()), "{compare:?}");
     let bad = chash(&["analyze", "--node", "a:1", "--compare", "ring,circle"], b"");
     assert_eq!(bad.status.code(), Some(2));
@@ -357,7 +357,11 @@ fn bench_reports_positive_rates() {
         json(&["bench", "--node", "a:1", "--node", "b:1", "--distribution", "bounded", "--seconds", "0.2", "--json"]);
     assert_eq!(doc["operation"], "acquire+release");
     let results = doc["results"].as_array().unwrap();
-    assert_eq!(results.len(), 4);
+    assert_eq!(results.len(), 8);
+    let sets: Vec<&str> = results.iter().map(|r| r["set"].as_str().unwrap()).collect();
+    assert_eq!(sets, ["stream", "stream", "stream", "stream", "hot", "hot", "hot", "hot"]);
+    assert_eq!(doc["keys"], 1_000_000);
+    assert_eq!(doc["hot_keys"], 4096);
     for r in results {
         assert!(
             f(&r["lookups_per_second"]) > 0.0 && f(&r["ns_per_lookup"]) > 0.0 && r["lookups"].as_u64().unwrap() > 0

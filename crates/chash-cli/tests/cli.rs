@@ -241,7 +241,19 @@ fn config_remove_moves_only_the_removed_servers_keys() {
     let dir = std::env::temp_dir().join(format!("chash-config-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let keys: String = (0..20_000).map(|i| format!("user:{i}\n")).collect();
-    for d in ["ring", "ketama", "modula", "nginx", "jump", "rendezvous", "maglev", "anchor", "multiprobe", "bounded"] {
+    for d in [
+        "ring",
+        "ketama",
+        "modula",
+        "nginx",
+        "jump",
+        "jumpback",
+        "rendezvous",
+        "maglev",
+        "anchor",
+        "multiprobe",
+        "bounded",
+    ] {
         let hash = match d {
             "ketama" | "modula" => "fnv1a_64",
             "nginx" => "crc32a",
@@ -256,8 +268,8 @@ fn config_remove_moves_only_the_removed_servers_keys() {
         );
         std::fs::write(&before, &text).unwrap();
         // The middle server, or (jump) the last.
-        let gone = if d == "jump" { "10.0.0.5:11211" } else { "10.0.0.2:11211" };
-        if d == "jump" {
+        let gone = if matches!(d, "jump" | "jumpback") { "10.0.0.5:11211" } else { "10.0.0.2:11211" };
+        if matches!(d, "jump" | "jumpback") {
             let o =
                 chash(&["config", "remove", "-c", before.to_str().unwrap(), "--pool", "web", "10.0.0.2:11211"], b"");
             assert_eq!(o.status.code(), Some(2));
@@ -272,7 +284,7 @@ fn config_remove_moves_only_the_removed_servers_keys() {
         let edited = std::fs::read_to_string(&after).unwrap();
         let want = match d {
             "anchor" => text.replace("\"10.0.0.2:11211:1 b\"", "\"10.0.0.2:11211:1 b removed 1\""),
-            "jump" => text.replace("   - 10.0.0.5:11211:1 e\n", ""),
+            "jump" | "jumpback" => text.replace("   - 10.0.0.5:11211:1 e\n", ""),
             _ => text.replace("   - \"10.0.0.2:11211:1 b\"   # quoted\n", ""),
         };
         assert_eq!(edited, want, "{d}: only the server's line changes");

@@ -188,6 +188,27 @@ fn test_conf_checks_a_file() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("HOST:PORT:WEIGHT") && err.contains("127.0.0.1:21211"), "{err}");
+    // An anchor pool far smaller than its capacity: valid, with advice.
+    for (capacity, advised) in [("", true), ("  anchor_capacity: 16\n", false)] {
+        let anchor = dir.join("anchor.yml");
+        let servers = "   - 127.0.0.1:11211:1\n   - 127.0.0.1:11212:1\n   - 127.0.0.1:11213:1\n";
+        std::fs::write(
+            &anchor,
+            format!("alpha:\n  listen: 127.0.0.1:22121\n  distribution: anchor\n{capacity}  servers:\n{servers}"),
+        )
+        .unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_chash"))
+            .args(["proxy", "-t", "-c", anchor.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            err.contains("anchor_capacity 1024 for 3 servers: a lookup re-draws about 5.8 times"),
+            advised,
+            "{err}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

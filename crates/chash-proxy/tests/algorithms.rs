@@ -23,8 +23,19 @@ fn config(extra: &str, servers: &[&Memcached]) -> String {
 fn every_distribution_places_keys_where_the_library_does() {
     let mc = memcacheds(4);
     let refs: Vec<&Memcached> = mc.iter().collect();
-    for dist in ["ring", "jump", "rendezvous", "maglev", "anchor", "multiprobe", "bounded", "ketama", "modula", "nginx"]
-    {
+    for dist in [
+        "ring",
+        "jump",
+        "jumpback",
+        "rendezvous",
+        "maglev",
+        "anchor",
+        "multiprobe",
+        "bounded",
+        "ketama",
+        "modula",
+        "nginx",
+    ] {
         let extra = match dist {
             "nginx" => "  distribution: nginx\n".to_owned(),
             d => format!(

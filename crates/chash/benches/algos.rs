@@ -2,11 +2,13 @@
 //! run on the same machine: maglev, jumphash, anchorhash, hash-rings and
 //! mpchash.
 //!
-//! Keys are `user:<i>` (10 bytes), pre-generated and cycled as in
-//! benches/ring.rs. Nodes have weight 1.
+//! Every lookup group runs twice, on the two key sets of `support::KeySet`:
+//! `stream` (1,048,576 distinct 10-byte keys, each looked up once per pass,
+//! as a proxy sees traffic) and `hot` (4,096 keys cycled: the best case, a
+//! set the branch predictor and caches have learned). Nodes have weight 1.
 //!
 //! Groups:
-//! - `algo_from_u64/N`: node from a precomputed 64-bit hash. Peers that take
+//! - `algo_from_u64/{stream,hot}/N`: node from a precomputed 64-bit hash. Peers that take
 //!   a generic `Hash` key get the u64 through an identity `Hasher` where the
 //!   crate allows one without breaking its placement (jumphash, anchorhash,
 //!   hash-rings' jump); maglev's and hash-rings' rendezvous hashers fold the
@@ -16,13 +18,20 @@
 //!   mpchash hash the u64 with
 //!   their own fixed hashers (SipHash, SipHash, xxh3), so their figures
 //!   include that hash.
-//! - `algo_with_hash/N`: from key bytes, each crate with its own key hash
+//! - `algo_with_hash/{stream,hot}/N`: from key bytes, each crate with its own key hash
 //!   (chash: xxh3; jumphash: SipHash-1-3; maglev: `DefaultHasher`;
 //!   anchorhash: `RandomState`; mpchash: xxh3; hash-rings: SipHash or
 //!   `RandomState`).
 //! - `algo_build/1000`: building for 1000 nodes; Maglev's table is 100,003
 //!   entries (the smallest prime above 100 × 1000, which the maglev crate
 //!   and hash-rings also choose for 1000 nodes).
+//!
+//! chash's jump family has two members here: `chash/jump` (Lamping &
+//! Veach's loop, as jumphash and hash-rings run it) and `chash/jumpback`
+//! (JumpBackHash, its own placement). `chash/anchor` has the default capacity
+//! of 1024 buckets; `anchor_capacity_n` and `anchor_capacity_2n` show what a
+//! capacity sized to the pool buys (the anchorhash peer is built with
+//! capacity N).
 //!
 //! Run: `cargo bench -p chash --bench algos`.
 
@@ -34,15 +43,9 @@ use chash::{KeyHasher, Node, Placement, Ring};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode};
 
 mod support;
-use support::{FoldBuild, IdentityBuild, IdentityHasher};
+use support::{bench_inputs, key_refs, FoldBuild, IdentityBuild, IdentityHasher, KeySet};
 
 const SIZES: [usize; 3] = [10, 100, 1000];
-const KEY_COUNT: usize = 4096;
-const KEY_MASK: usize = KEY_COUNT - 1;
-
-fn keys() -> Vec<String> {
-    (0..KEY_COUNT).map(|i| format!("user:{}", 10_000 + i)).collect()
-}
 
 fn nodes(n: usize) -> Vec<Node> {
     (0..n).map(|i| Node::new(format!("node-{i}"), 1).unwrap()).collect()
@@ -58,142 +61,142 @@ fn anchor_capacity(n: usize) -> u32 {
     DEFAULT_ANCHOR_CAPACITY.max(n as u32)
 }
 
-/// Benchmarks `f` over the cycled inputs.
-fn bench<I: Copy, R>(
-    g: &mut BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    name: &str,
-    inputs: &[I],
-    f: impl Fn(I) -> R,
-) {
-    g.bench_function(name, |b| {
-        let mut i = 0usize;
-        b.iter(|| {
-            let x = inputs[i & KEY_MASK];
-            i = i.wrapping_add(1);
-            f(black_box(x))
-        })
-    });
-}
+type Group<'a> = BenchmarkGroup<'a, criterion::measurement::WallTime>;
 
 fn from_u64(c: &mut Criterion) {
-    let hashes: Vec<u64> = keys().iter().map(|k| KeyHasher::Xxh3.hash(k.as_bytes())).collect();
-    for n in SIZES {
-        let mut g = c.benchmark_group(format!("algo_from_u64/{n}"));
-        g.measurement_time(Duration::from_secs(1)).warm_up_time(Duration::from_millis(300));
-
-        let jump = Jump::new(nodes(n)).unwrap();
-        bench(&mut g, "chash/jump", &hashes, |h| jump.locate_hash(h));
-        let jh = jumphash::CustomJumpHasher::new(IdentityHasher::default());
-        bench(&mut g, "jumphash", &hashes, |h| jh.slot(&h, n as u32));
-        let hr_jump = hash_rings::jump::Ring::with_hasher(IdentityBuild, n as u32);
-        bench(&mut g, "hash-rings/jump", &hashes, |h| hr_jump.get_node(&h));
-
-        let maglev = Maglev::builder().table_size(maglev_size(n)).build(nodes(n)).unwrap();
-        bench(&mut g, "chash/maglev", &hashes, |h| maglev.locate_hash(h));
-        let peer = maglev::Maglev::with_hasher(0..n as u32, FoldBuild);
-        bench(&mut g, "maglev", &hashes, |h| maglev::ConsistentHasher::get(&peer, &h).copied());
-        drop(peer);
-        let ids: Vec<u32> = (0..n as u32).collect();
-        let hr_maglev = hash_rings::maglev::Ring::new(ids.iter().collect());
-        bench(&mut g, "hash-rings/maglev", &hashes, |h| *hr_maglev.get_node(&h));
-        drop(hr_maglev);
-
-        let anchor = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, anchor_capacity(n)).unwrap();
-        bench(&mut g, "chash/anchor", &hashes, |h| anchor.locate_hash(h));
-        let full = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, n as u32).unwrap();
-        bench(&mut g, "chash/anchor_capacity_n", &hashes, |h| full.locate_hash(h));
-        let peer: anchorhash::AnchorHash<u64, u32, IdentityBuild> =
-            anchorhash::Builder::with_hasher(IdentityBuild).with_resources(0..n as u32).build(n as u16);
-        bench(&mut g, "anchorhash", &hashes, |h| peer.get_resource(h).copied());
-        drop(peer);
-
-        let mp = MultiProbe::new(nodes(n)).unwrap();
-        bench(&mut g, "chash/multiprobe", &hashes, |h| mp.locate_hash(h));
-        let peer = mpchash::HashRing::<u32>::new();
-        for i in 0..n as u32 {
-            peer.add(i);
+    for set in KeySet::BOTH {
+        let buffer = set.buffer();
+        let hashes: Vec<u64> = key_refs(&buffer).iter().map(|k| KeyHasher::Xxh3.hash(k.as_bytes())).collect();
+        for n in SIZES {
+            let mut g = c.benchmark_group(format!("algo_from_u64/{}/{n}", set.name()));
+            g.measurement_time(Duration::from_secs(1)).warm_up_time(Duration::from_millis(300));
+            from_u64_group(&mut g, n, &hashes);
+            g.finish();
         }
-        bench(&mut g, "mpchash", &hashes, |h| peer.node(&h).map(|t| *t.node()));
-        drop(peer);
-        let mut hr_mpc = hash_rings::mpc::Ring::new(21);
-        for id in &ids {
-            hr_mpc.insert_node(id);
-        }
-        bench(&mut g, "hash-rings/mpc", &hashes, |h| *hr_mpc.get_node(&h));
-        drop(hr_mpc);
-
-        // Bounded loads: one acquisition and its release per lookup, the
-        // proxy's pattern for a request.
-        let bounded = Bounded::new(Ring::new(nodes(n)).unwrap(), 1.25).unwrap();
-        bench(&mut g, "chash/bounded_acquire_release", &hashes, |h| {
-            let i = bounded.acquire_hash(h);
-            if let Some(i) = i {
-                bounded.release(i);
-            }
-            i
-        });
-        let ring = Ring::new(nodes(n)).unwrap();
-        bench(&mut g, "chash/ring", &hashes, |h| ring.locate_hash(h));
-
-        let rv = Rendezvous::new(nodes(n)).unwrap();
-        bench(&mut g, "chash/rendezvous", &hashes, |h| rv.locate_hash(h));
-        // hash-rings combines (node, key) hashes with its hasher: an identity
-        // hasher would give every node the same score, so it gets FoldBuild.
-        let mut hr_rv = hash_rings::rendezvous::Ring::with_hasher(FoldBuild);
-        for id in &ids {
-            hr_rv.insert_node(id, 1);
-        }
-        bench(&mut g, "hash-rings/rendezvous", &hashes, |h| *hr_rv.get_node(&h));
-        drop(hr_rv);
-        let mut weighted = Rendezvous::new(nodes(n)).unwrap();
-        weighted = weighted.with_weight("node-0", 2).unwrap();
-        bench(&mut g, "chash/rendezvous_weighted", &hashes, |h| weighted.locate_hash(h));
-        let mut hr_wrv = hash_rings::weighted_rendezvous::Ring::with_hasher(FoldBuild);
-        for id in &ids {
-            hr_wrv.insert_node(id, if *id == 0 { 2.0 } else { 1.0 });
-        }
-        bench(&mut g, "hash-rings/weighted_rendezvous", &hashes, |h| *hr_wrv.get_node(&h));
-        g.finish();
     }
 }
 
-fn with_hash(c: &mut Criterion) {
-    let keys = keys();
-    let key_refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-    for n in SIZES {
-        let mut g = c.benchmark_group(format!("algo_with_hash/{n}"));
-        g.measurement_time(Duration::from_secs(1)).warm_up_time(Duration::from_millis(300));
+fn from_u64_group(g: &mut Group<'_>, n: usize, hashes: &[u64]) {
+    let jump = Jump::new(nodes(n)).unwrap();
+    bench_inputs(g, "chash/jump", hashes, |h| jump.locate_hash(h));
+    let jump_back = Jump::jump_back(nodes(n)).unwrap();
+    bench_inputs(g, "chash/jumpback", hashes, |h| jump_back.locate_hash(h));
+    let jh = jumphash::CustomJumpHasher::new(IdentityHasher::default());
+    bench_inputs(g, "jumphash", hashes, |h| jh.slot(&h, n as u32));
+    let hr_jump = hash_rings::jump::Ring::with_hasher(IdentityBuild, n as u32);
+    bench_inputs(g, "hash-rings/jump", hashes, |h| hr_jump.get_node(&h));
 
-        let jump = Jump::new(nodes(n)).unwrap();
-        bench(&mut g, "chash/jump", &key_refs, |k| jump.locate(k.as_bytes()));
-        let jh = jumphash::JumpHasher::new_with_keys(1, 2);
-        bench(&mut g, "jumphash", &key_refs, |k| jh.slot(&k, n as u32));
+    let maglev = Maglev::builder().table_size(maglev_size(n)).build(nodes(n)).unwrap();
+    bench_inputs(g, "chash/maglev", hashes, |h| maglev.locate_hash(h));
+    let peer = maglev::Maglev::with_hasher(0..n as u32, FoldBuild);
+    bench_inputs(g, "maglev", hashes, |h| maglev::ConsistentHasher::get(&peer, &h).copied());
+    drop(peer);
+    let ids: Vec<u32> = (0..n as u32).collect();
+    let hr_maglev = hash_rings::maglev::Ring::new(ids.iter().collect());
+    bench_inputs(g, "hash-rings/maglev", hashes, |h| *hr_maglev.get_node(&h));
+    drop(hr_maglev);
 
-        let maglev = Maglev::builder().table_size(maglev_size(n)).build(nodes(n)).unwrap();
-        bench(&mut g, "chash/maglev", &key_refs, |k| maglev.locate(k.as_bytes()));
-        let peer = maglev::Maglev::new(0..n as u32);
-        bench(&mut g, "maglev", &key_refs, |k| maglev::ConsistentHasher::get(&peer, &k).copied());
-        drop(peer);
+    let anchor = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, anchor_capacity(n)).unwrap();
+    bench_inputs(g, "chash/anchor", hashes, |h| anchor.locate_hash(h));
+    for (name, capacity) in [("chash/anchor_capacity_n", n), ("chash/anchor_capacity_2n", 2 * n)] {
+        let sized = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, capacity as u32).unwrap();
+        bench_inputs(g, name, hashes, |h| sized.locate_hash(h));
+    }
+    let peer: anchorhash::AnchorHash<u64, u32, IdentityBuild> =
+        anchorhash::Builder::with_hasher(IdentityBuild).with_resources(0..n as u32).build(n as u16);
+    bench_inputs(g, "anchorhash", hashes, |h| peer.get_resource(h).copied());
+    drop(peer);
 
-        let anchor = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, anchor_capacity(n)).unwrap();
-        bench(&mut g, "chash/anchor", &key_refs, |k| anchor.locate(k.as_bytes()));
-        let peer: anchorhash::AnchorHash<&str, u32, _> =
-            anchorhash::Builder::default().with_resources(0..n as u32).build(n as u16);
-        bench(&mut g, "anchorhash", &key_refs, |k| peer.get_resource(k).copied());
-        drop(peer);
+    let mp = MultiProbe::new(nodes(n)).unwrap();
+    bench_inputs(g, "chash/multiprobe", hashes, |h| mp.locate_hash(h));
+    let peer = mpchash::HashRing::<u32>::new();
+    for i in 0..n as u32 {
+        peer.add(i);
+    }
+    bench_inputs(g, "mpchash", hashes, |h| peer.node(&h).map(|t| *t.node()));
+    drop(peer);
+    let mut hr_mpc = hash_rings::mpc::Ring::new(21);
+    for id in &ids {
+        hr_mpc.insert_node(id);
+    }
+    bench_inputs(g, "hash-rings/mpc", hashes, |h| *hr_mpc.get_node(&h));
+    drop(hr_mpc);
 
-        let mp = MultiProbe::new(nodes(n)).unwrap();
-        bench(&mut g, "chash/multiprobe", &key_refs, |k| mp.locate(k.as_bytes()));
-        let peer = mpchash::HashRing::<u32>::new();
-        for i in 0..n as u32 {
-            peer.add(i);
+    // Bounded loads: one acquisition and its release per lookup, the
+    // proxy's pattern for a request.
+    let bounded = Bounded::new(Ring::new(nodes(n)).unwrap(), 1.25).unwrap();
+    bench_inputs(g, "chash/bounded_acquire_release", hashes, |h| {
+        let i = bounded.acquire_hash(h);
+        if let Some(i) = i {
+            bounded.release(i);
         }
-        bench(&mut g, "mpchash", &key_refs, |k| peer.node(&k).map(|t| *t.node()));
-        drop(peer);
+        i
+    });
+    let ring = Ring::new(nodes(n)).unwrap();
+    bench_inputs(g, "chash/ring", hashes, |h| ring.locate_hash(h));
 
-        let rv = Rendezvous::new(nodes(n)).unwrap();
-        bench(&mut g, "chash/rendezvous", &key_refs, |k| rv.locate(k.as_bytes()));
-        g.finish();
+    let rv = Rendezvous::new(nodes(n)).unwrap();
+    bench_inputs(g, "chash/rendezvous", hashes, |h| rv.locate_hash(h));
+    // hash-rings combines (node, key) hashes with its hasher: an identity
+    // hasher would give every node the same score, so it gets FoldBuild.
+    let mut hr_rv = hash_rings::rendezvous::Ring::with_hasher(FoldBuild);
+    for id in &ids {
+        hr_rv.insert_node(id, 1);
+    }
+    bench_inputs(g, "hash-rings/rendezvous", hashes, |h| *hr_rv.get_node(&h));
+    drop(hr_rv);
+    let weighted = Rendezvous::new(nodes(n)).unwrap().with_weight("node-0", 2).unwrap();
+    bench_inputs(g, "chash/rendezvous_weighted", hashes, |h| weighted.locate_hash(h));
+    let mut hr_wrv = hash_rings::weighted_rendezvous::Ring::with_hasher(FoldBuild);
+    for id in &ids {
+        hr_wrv.insert_node(id, if *id == 0 { 2.0 } else { 1.0 });
+    }
+    bench_inputs(g, "hash-rings/weighted_rendezvous", hashes, |h| *hr_wrv.get_node(&h));
+}
+
+fn with_hash(c: &mut Criterion) {
+    for set in KeySet::BOTH {
+        let buffer = set.buffer();
+        let keys = key_refs(&buffer);
+        for n in SIZES {
+            let mut g = c.benchmark_group(format!("algo_with_hash/{}/{n}", set.name()));
+            g.measurement_time(Duration::from_secs(1)).warm_up_time(Duration::from_millis(300));
+
+            let jump = Jump::new(nodes(n)).unwrap();
+            bench_inputs(&mut g, "chash/jump", &keys, |k| jump.locate(k.as_bytes()));
+            let jump_back = Jump::jump_back(nodes(n)).unwrap();
+            bench_inputs(&mut g, "chash/jumpback", &keys, |k| jump_back.locate(k.as_bytes()));
+            let jh = jumphash::JumpHasher::new_with_keys(1, 2);
+            bench_inputs(&mut g, "jumphash", &keys, |k| jh.slot(&k, n as u32));
+
+            let maglev = Maglev::builder().table_size(maglev_size(n)).build(nodes(n)).unwrap();
+            bench_inputs(&mut g, "chash/maglev", &keys, |k| maglev.locate(k.as_bytes()));
+            let peer = maglev::Maglev::new(0..n as u32);
+            bench_inputs(&mut g, "maglev", &keys, |k| maglev::ConsistentHasher::get(&peer, &k).copied());
+            drop(peer);
+
+            let anchor = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, anchor_capacity(n)).unwrap();
+            bench_inputs(&mut g, "chash/anchor", &keys, |k| anchor.locate(k.as_bytes()));
+            let sized = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, 2 * n as u32).unwrap();
+            bench_inputs(&mut g, "chash/anchor_capacity_2n", &keys, |k| sized.locate(k.as_bytes()));
+            let peer: anchorhash::AnchorHash<&str, u32, _> =
+                anchorhash::Builder::default().with_resources(0..n as u32).build(n as u16);
+            bench_inputs(&mut g, "anchorhash", &keys, |k| peer.get_resource(k).copied());
+            drop(peer);
+
+            let mp = MultiProbe::new(nodes(n)).unwrap();
+            bench_inputs(&mut g, "chash/multiprobe", &keys, |k| mp.locate(k.as_bytes()));
+            let peer = mpchash::HashRing::<u32>::new();
+            for i in 0..n as u32 {
+                peer.add(i);
+            }
+            bench_inputs(&mut g, "mpchash", &keys, |k| peer.node(&k).map(|t| *t.node()));
+            drop(peer);
+
+            let rv = Rendezvous::new(nodes(n)).unwrap();
+            bench_inputs(&mut g, "chash/rendezvous", &keys, |k| rv.locate(k.as_bytes()));
+            g.finish();
+        }
     }
 }
 

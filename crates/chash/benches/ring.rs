@@ -1,22 +1,28 @@
 //! Lookup, build and add-node speed of chash's native [`Ring`] against peer
 //! crates, measured in the same run on the same machine.
 //!
-//! Every ring has 160 points per node (weight 1). Keys are `user:<i>`, all
-//! 10 bytes, pre-generated; each iteration takes the next one (cycling with a
-//! mask), so a result is the cost of one lookup with a cold-ish key, not of
-//! one key repeated.
+//! Every ring has 160 points per node (weight 1). Every lookup group runs
+//! twice, on the two key sets of `support::KeySet`: `stream` (1,048,576
+//! distinct 10-byte keys, each looked up once per pass, in order: the way a
+//! proxy sees traffic; no branch predictor learns them) and `hot` (4,096 keys
+//! cycled: the best case). Keys are built before timing in one contiguous
+//! buffer.
 //!
 //! Groups:
-//! - `lookup_with_hash/N`: key bytes to node, key hashing included, each
+//! - `lookup_with_hash/{stream,hot}/N`: key bytes to node, key hashing included, each
 //!   crate with its own key hash (chash: xxh3; hashring: SipHash-2-4;
 //!   pingora-ketama: CRC32; consistent_hash: SipHash-1-3).
-//! - `lookup_from_u64/N`: from a precomputed 64-bit hash. Peers that only
+//! - `lookup_from_u64/{stream,hot}/N`: from a precomputed 64-bit hash. Peers that only
 //!   take a generic `Hash` key are fed through an identity `Hasher`
 //!   (documented APIs: `with_hasher`, a custom `RingHash`); jumphash,
 //!   anchorhash and maglev are not point rings and are there as reference
 //!   points. pingora-ketama is absent: its lookups hash the key bytes with
 //!   CRC32 internally and there is no public call taking a hash.
-//! - `hash_only`: the key hash alone, the floor under every lookup.
+//!   `floor/one_random_load` is the floor under any lookup into the points:
+//!   one load from a random place of an array as large as chash's point
+//!   positions, on the same stream.
+//! - `hash_only/{stream,hot}`: the key hash alone, the floor under every
+//!   lookup with hashing.
 //! - `build/1000`: a ring of 1000 nodes (160,000 points) from scratch.
 //! - `add_node/1000`: the 1001st node.
 //!
@@ -33,18 +39,12 @@ use hashring::HashRing;
 use pingora_ketama::Continuum;
 
 mod support;
-use support::{hashring_vnodes, ketama_buckets, FoldBuild, IdentityBuild, IdentityHasher, VNode, VNODES};
+use support::{
+    bench_inputs, hashring_vnodes, ketama_buckets, key_refs, FoldBuild, IdentityBuild, IdentityHasher, KeySet, VNode,
+    VNODES,
+};
 
 const SIZES: [usize; 3] = [10, 100, 1000];
-const KEY_COUNT: usize = 4096;
-const KEY_MASK: usize = KEY_COUNT - 1;
-
-/// `user:10000` .. `user:14095`: 4096 keys of exactly 10 bytes.
-fn keys() -> Vec<String> {
-    let keys: Vec<String> = (0..KEY_COUNT).map(|i| format!("user:{}", 10_000 + i)).collect();
-    assert!(keys.iter().all(|k| k.len() == 10));
-    keys
-}
 
 fn chash_nodes(n: usize) -> Vec<Node> {
     (0..n).map(|i| Node::new(format!("node-{i}"), 1).unwrap()).collect()
@@ -113,178 +113,117 @@ impl RingHash for PrehashedRingHash {
 }
 
 fn lookup_with_hash(c: &mut Criterion) {
-    let keys = keys();
-    for n in SIZES {
-        let mut group = c.benchmark_group(format!("lookup_with_hash/{n}"));
+    for set in KeySet::BOTH {
+        let buffer = set.buffer();
+        let keys = key_refs(&buffer);
+        for n in SIZES {
+            let mut group = c.benchmark_group(format!("lookup_with_hash/{}/{n}", set.name()));
 
-        let ring = chash_ring(n);
-        assert!(keys.iter().all(|k| ring.locate(k.as_bytes()).is_some()));
-        group.bench_function("chash", |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                let key = &keys[i & KEY_MASK];
-                i = i.wrapping_add(1);
-                ring.locate(black_box(key.as_bytes()))
-            })
-        });
-        drop(ring);
+            let ring = chash_ring(n);
+            assert!(keys.iter().all(|k| ring.locate(k.as_bytes()).is_some()));
+            bench_inputs(&mut group, "chash", &keys, |k| ring.locate(k.as_bytes()));
+            drop(ring);
 
-        let ring = hashring_ring(n);
-        assert!(ring.get(&keys[0]).is_some());
-        group.bench_function("hashring", |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                let key = &keys[i & KEY_MASK];
-                i = i.wrapping_add(1);
-                ring.get(black_box(key)).map(|v| v.node)
-            })
-        });
-        drop(ring);
+            let ring = hashring_ring(n);
+            assert!(ring.get(&keys[0]).is_some());
+            bench_inputs(&mut group, "hashring", &keys, |k| ring.get(&k).map(|v| v.node));
+            drop(ring);
 
-        let ring = Continuum::new(&ketama_buckets(n));
-        assert!(ring.node(keys[0].as_bytes()).is_some());
-        group.bench_function("pingora-ketama", |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                let key = &keys[i & KEY_MASK];
-                i = i.wrapping_add(1);
-                ring.node(black_box(key.as_bytes()))
-            })
-        });
-        drop(ring);
+            let ring = Continuum::new(&ketama_buckets(n));
+            assert!(ring.node(keys[0].as_bytes()).is_some());
+            bench_inputs(&mut group, "pingora-ketama", &keys, |k| ring.node(k.as_bytes()));
+            drop(ring);
 
-        // Its only lookup is the candidate iterator; the first `next()`
-        // inserts into a splay-tree set, so each lookup allocates once.
-        let ring = StaticHashRing::new(consistent_hash::DefaultHash, consistent_hash_nodes(n));
-        assert_eq!(ring.len(), n * VNODES as usize);
-        group.bench_function("consistent_hash", |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                let key = &keys[i & KEY_MASK];
-                i = i.wrapping_add(1);
-                ring.calc_candidates(black_box(key)).next().map(|node| node.key)
-            })
-        });
-        drop(ring);
+            // Its only lookup is the candidate iterator; the first `next()`
+            // inserts into a splay-tree set, so each lookup allocates once.
+            let ring = StaticHashRing::new(consistent_hash::DefaultHash, consistent_hash_nodes(n));
+            assert_eq!(ring.len(), n * VNODES as usize);
+            bench_inputs(&mut group, "consistent_hash", &keys, |k| {
+                ring.calc_candidates(&k).next().map(|node| node.key)
+            });
+            drop(ring);
 
-        group.finish();
+            group.finish();
+        }
     }
 }
 
 fn lookup_from_u64(c: &mut Criterion) {
-    let hashes: Vec<u64> = keys().iter().map(|k| KeyHasher::Xxh3.hash(k.as_bytes())).collect();
-    for n in SIZES {
-        let mut group = c.benchmark_group(format!("lookup_from_u64/{n}"));
+    for set in KeySet::BOTH {
+        let buffer = set.buffer();
+        let hashes: Vec<u64> = key_refs(&buffer).iter().map(|k| KeyHasher::Xxh3.hash(k.as_bytes())).collect();
+        for n in SIZES {
+            let mut group = c.benchmark_group(format!("lookup_from_u64/{}/{n}", set.name()));
 
-        let ring = chash_ring(n);
-        group.bench_function("chash", |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                let h = hashes[i & KEY_MASK];
-                i = i.wrapping_add(1);
-                ring.locate_hash(black_box(h))
-            })
-        });
-        drop(ring);
+            let ring = chash_ring(n);
+            bench_inputs(&mut group, "chash", &hashes, |h| ring.locate_hash(h));
+            drop(ring);
 
-        // hashring has no call taking a hash; with `with_hasher` and an
-        // identity hasher its `get(&u64)` searches for the u64 as it is.
-        let ring = placed_hashring(n);
-        assert_eq!(ring.len(), n * VNODES as usize);
-        group.bench_function("hashring/identity_hasher", |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                let h = hashes[i & KEY_MASK];
-                i = i.wrapping_add(1);
-                ring.get(&black_box(h)).map(|v| v.node)
-            })
-        });
-        drop(ring);
+            // hashring has no call taking a hash; with `with_hasher` and an
+            // identity hasher its `get(&u64)` searches for the u64 as it is.
+            let ring = placed_hashring(n);
+            assert_eq!(ring.len(), n * VNODES as usize);
+            bench_inputs(&mut group, "hashring/identity_hasher", &hashes, |h| ring.get(&h).map(|v| v.node));
+            drop(ring);
 
-        // Same for consistent_hash through a custom `RingHash` (points by
-        // xxh3); the lookup still allocates once (see `lookup_with_hash`).
-        let ring = StaticHashRing::new(PrehashedRingHash, consistent_hash_nodes(n));
-        group.bench_function("consistent_hash/identity_hasher", |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                let h = hashes[i & KEY_MASK];
-                i = i.wrapping_add(1);
-                ring.calc_candidates(&black_box(h)).next().map(|node| node.key)
-            })
-        });
-        drop(ring);
+            // Same for consistent_hash through a custom `RingHash` (points by
+            // xxh3); the lookup still allocates once (see `lookup_with_hash`).
+            let ring = StaticHashRing::new(PrehashedRingHash, consistent_hash_nodes(n));
+            bench_inputs(&mut group, "consistent_hash/identity_hasher", &hashes, |h| {
+                ring.calc_candidates(&h).next().map(|node| node.key)
+            });
+            drop(ring);
 
-        // pingora-ketama: skipped, `Continuum::node`/`node_idx` take key
-        // bytes and CRC32 them; the ring search on a u32 is private.
+            // pingora-ketama: skipped, `Continuum::node`/`node_idx` take key
+            // bytes and CRC32 them; the ring search on a u32 is private.
 
-        // Reference points, not point rings:
-        // jump consistent hash (no table at all, O(ln n) loop) on the u64.
-        let jump = jumphash::CustomJumpHasher::new(IdentityHasher::default());
-        let slots = n as u32;
-        assert!(jump.slot(&hashes[0], slots) < slots);
-        group.bench_function("jumphash/slot", |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                let h = hashes[i & KEY_MASK];
-                i = i.wrapping_add(1);
-                jump.slot(&black_box(h), slots)
-            })
-        });
+            // The floor under any lookup into the points: one load from a
+            // random position of an array the size of chash's points
+            // (8 bytes each), with the same stream of hashes.
+            let floor: Vec<u64> = (0..(n * VNODES as usize) as u64).collect();
+            let len = floor.len() as u128;
+            bench_inputs(&mut group, "floor/one_random_load", &hashes, |h| {
+                floor[((u128::from(h) * len) >> 64) as usize]
+            });
+            drop(floor);
 
-        // AnchorHash with every bucket working (capacity = n); uses the low
-        // 32 bits of the hash, then maps bucket to resource in a HashMap.
-        let anchor: anchorhash::AnchorHash<u64, u32, IdentityBuild> =
-            anchorhash::Builder::with_hasher(IdentityBuild).with_resources(0..n as u32).build(n as u16);
-        assert!(anchor.get_resource(hashes[0]).is_some());
-        group.bench_function("anchorhash/get_resource", |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                let h = hashes[i & KEY_MASK];
-                i = i.wrapping_add(1);
-                anchor.get_resource(black_box(h)).copied()
-            })
-        });
-        drop(anchor);
+            // Reference points, not point rings:
+            // jump consistent hash (no table at all, O(ln n) loop) on the u64.
+            let jump = jumphash::CustomJumpHasher::new(IdentityHasher::default());
+            let slots = n as u32;
+            assert!(jump.slot(&hashes[0], slots) < slots);
+            bench_inputs(&mut group, "jumphash/slot", &hashes, |h| jump.slot(&h, slots));
 
-        // Maglev with its default table size (smallest prime >= 100 n); its
-        // hasher folds (seed, u64) with two multiplies, then `% table size`.
-        let maglev = maglev::Maglev::with_hasher(0..n as u32, FoldBuild);
-        assert!(maglev::ConsistentHasher::get(&maglev, &hashes[0]).is_some());
-        group.bench_function("maglev/get", |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                let h = hashes[i & KEY_MASK];
-                i = i.wrapping_add(1);
-                maglev::ConsistentHasher::get(&maglev, &black_box(h)).copied()
-            })
-        });
-        drop(maglev);
+            // AnchorHash with every bucket working (capacity = n); uses the low
+            // 32 bits of the hash, then maps bucket to resource in a HashMap.
+            let anchor: anchorhash::AnchorHash<u64, u32, IdentityBuild> =
+                anchorhash::Builder::with_hasher(IdentityBuild).with_resources(0..n as u32).build(n as u16);
+            assert!(anchor.get_resource(hashes[0]).is_some());
+            bench_inputs(&mut group, "anchorhash/get_resource", &hashes, |h| anchor.get_resource(h).copied());
+            drop(anchor);
 
-        group.finish();
+            // Maglev with its default table size (smallest prime >= 100 n); its
+            // hasher folds (seed, u64) with two multiplies, then `% table size`.
+            let maglev = maglev::Maglev::with_hasher(0..n as u32, FoldBuild);
+            assert!(maglev::ConsistentHasher::get(&maglev, &hashes[0]).is_some());
+            bench_inputs(&mut group, "maglev/get", &hashes, |h| maglev::ConsistentHasher::get(&maglev, &h).copied());
+            drop(maglev);
+
+            group.finish();
+        }
     }
 }
 
 fn hash_only(c: &mut Criterion) {
-    let keys = keys();
-    let mut group = c.benchmark_group("hash_only");
-    group.bench_function("xxh3", |b| {
-        let mut i = 0usize;
-        b.iter(|| {
-            let key = &keys[i & KEY_MASK];
-            i = i.wrapping_add(1);
-            KeyHasher::Xxh3.hash(black_box(key.as_bytes()))
-        })
-    });
-    // pingora-ketama's key hash, for scale.
-    group.bench_function("crc32fast", |b| {
-        let mut i = 0usize;
-        b.iter(|| {
-            let key = &keys[i & KEY_MASK];
-            i = i.wrapping_add(1);
-            crc32fast::hash(black_box(key.as_bytes()))
-        })
-    });
-    group.finish();
+    for set in KeySet::BOTH {
+        let buffer = set.buffer();
+        let keys = key_refs(&buffer);
+        let mut group = c.benchmark_group(format!("hash_only/{}", set.name()));
+        bench_inputs(&mut group, "xxh3", &keys, |k| KeyHasher::Xxh3.hash(k.as_bytes()));
+        // pingora-ketama's key hash, for scale.
+        bench_inputs(&mut group, "crc32fast", &keys, |k| crc32fast::hash(k.as_bytes()));
+        group.finish();
+    }
 }
 
 /// Settings for the groups whose iterations take milliseconds.

@@ -117,7 +117,7 @@ impl AnyPlacement {
     ///
     /// # Errors
     /// [`Error::UnknownNode`], [`Error::ZeroWeight`];
-    /// [`Error::WeightsUnsupported`] for jump, anchor and multiprobe (unless
+    /// [`Error::WeightsUnsupported`] for jump, jumpback, anchor and multiprobe (unless
     /// `weight` is 1, which changes nothing).
     pub fn with_weight(&self, id: &str, weight: u32) -> Result<AnyPlacement> {
         let hasher = self.hasher();
@@ -143,8 +143,8 @@ impl AnyPlacement {
             AnyPlacement::Rendezvous(p) => AnyPlacement::Rendezvous(p.with_weight(id, weight)?),
             AnyPlacement::Maglev(p) => AnyPlacement::Maglev(p.with_weight(id, weight)?),
             AnyPlacement::Bounded(p) => AnyPlacement::Bounded(Box::new(p.with_weight(id, weight)?)),
-            AnyPlacement::Jump(_) => {
-                unweighted("jump")?;
+            AnyPlacement::Jump(p) => {
+                unweighted(p.variant().name())?;
                 self.clone()
             }
             AnyPlacement::Anchor(_) => {
@@ -336,7 +336,7 @@ impl Placement for AnyPointRing<'_> {
 }
 
 impl PointRing for AnyPointRing<'_> {
-    fn point_hashes(&self) -> &[u64] {
+    fn point_hashes(&self) -> Vec<u64> {
         with_ring!(self, p => p.point_hashes())
     }
 

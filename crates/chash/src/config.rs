@@ -272,10 +272,10 @@ beta:
             let grown = s.with_node(Node::new("e", 1).unwrap()).unwrap();
             assert_eq!(grown.nodes().len(), 5, "{d}");
             assert_eq!(s.with_node(Node::new("a", 1).unwrap()).unwrap_err(), Error::DuplicateNode("a".into()));
-            let gone = if *d == "jump" { "d" } else { "b" };
+            let gone = if matches!(*d, "jump" | "jumpback") { "d" } else { "b" };
             let smaller = s.without_node(gone).unwrap();
             assert_eq!(smaller.without_node("zz").unwrap_err(), Error::UnknownNode("zz".into()));
-            if matches!(*d, "ring" | "jump" | "rendezvous" | "anchor" | "multiprobe" | "nginx") {
+            if matches!(*d, "ring" | "jump" | "jumpback" | "rendezvous" | "anchor" | "multiprobe" | "nginx") {
                 // Optimal movement: only the removed node's keys move.
                 for k in &keys {
                     let (before, after) = (s.route(k.as_bytes()).unwrap(), smaller.route(k.as_bytes()).unwrap());
@@ -283,7 +283,7 @@ beta:
                 }
             }
             let reweighted = s.with_weight("a", 2);
-            if matches!(*d, "jump" | "anchor" | "multiprobe") {
+            if matches!(*d, "jump" | "jumpback" | "anchor" | "multiprobe") {
                 assert!(matches!(reweighted, Err(Error::WeightsUnsupported { .. })), "{d}");
                 assert!(s.with_weight("a", 1).is_ok());
             } else {

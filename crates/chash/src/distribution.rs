@@ -6,8 +6,20 @@ use std::str::FromStr;
 use crate::{Error, KeyHasher, Result};
 
 /// Every `distribution:` name chash knows.
-pub const DISTRIBUTIONS: &[&str] =
-    &["ketama", "modula", "random", "nginx", "ring", "jump", "maglev", "rendezvous", "anchor", "multiprobe", "bounded"];
+pub const DISTRIBUTIONS: &[&str] = &[
+    "ketama",
+    "modula",
+    "random",
+    "nginx",
+    "ring",
+    "jump",
+    "jumpback",
+    "maglev",
+    "rendezvous",
+    "anchor",
+    "multiprobe",
+    "bounded",
+];
 
 /// A placement algorithm, as named by `distribution:`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -25,6 +37,9 @@ pub enum Distribution {
     Ring,
     /// Jump consistent hash (Lamping & Veach): [`Jump`](crate::algo::Jump).
     Jump,
+    /// JumpBackHash (Ertl, 2024), jump's family in O(1) expected steps:
+    /// [`Jump::jump_back`](crate::algo::Jump::jump_back).
+    JumpBack,
     /// Maglev (Eisenbud et al.): [`Maglev`](crate::algo::Maglev).
     Maglev,
     /// Rendezvous (highest random weight): [`Rendezvous`](crate::algo::Rendezvous).
@@ -38,13 +53,14 @@ pub enum Distribution {
 }
 
 impl Distribution {
-    const ALL: [Distribution; 11] = [
+    const ALL: [Distribution; 12] = [
         Distribution::Ketama,
         Distribution::Modula,
         Distribution::Random,
         Distribution::Nginx,
         Distribution::Ring,
         Distribution::Jump,
+        Distribution::JumpBack,
         Distribution::Maglev,
         Distribution::Rendezvous,
         Distribution::Anchor,
@@ -61,6 +77,7 @@ impl Distribution {
             Distribution::Nginx => "nginx",
             Distribution::Ring => "ring",
             Distribution::Jump => "jump",
+            Distribution::JumpBack => "jumpback",
             Distribution::Maglev => "maglev",
             Distribution::Rendezvous => "rendezvous",
             Distribution::Anchor => "anchor",

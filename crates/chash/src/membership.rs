@@ -214,8 +214,8 @@ impl PoolConfig {
             }
         }
         let next = self.with_lines(l.lines)?;
-        if self.distribution == Distribution::Jump {
-            check_jump(&self.servers, &next.servers, edit)?;
+        if matches!(self.distribution, Distribution::Jump | Distribution::JumpBack) {
+            check_jump(self.distribution, &self.servers, &next.servers, edit)?;
         }
         Ok((next, l.ops))
     }
@@ -333,7 +333,7 @@ impl PoolConfig {
     /// [`Error::Change`] naming the server and the command to use instead.
     pub fn check_reload(&self, new: &PoolConfig) -> Result<()> {
         if self.distribution != new.distribution
-            || !matches!(new.distribution, Distribution::Anchor | Distribution::Jump)
+            || !matches!(new.distribution, Distribution::Anchor | Distribution::Jump | Distribution::JumpBack)
         {
             return Ok(());
         }
@@ -395,7 +395,7 @@ fn take_bucket(l: &mut Lines, t: usize, line: ServerLine) {
 
 /// Refuses a jump change that renumbers servers: the servers that take keys
 /// may only grow or shrink at the end.
-fn check_jump(old: &[ServerLine], new: &[ServerLine], edit: &Edit) -> Result<()> {
+fn check_jump(distribution: Distribution, old: &[ServerLine], new: &[ServerLine], edit: &Edit) -> Result<()> {
     let same_prefix = old.iter().zip(new).all(|(a, b)| a.id == b.id);
     if same_prefix {
         return Ok(());
@@ -406,8 +406,8 @@ fn check_jump(old: &[ServerLine], new: &[ServerLine], edit: &Edit) -> Result<()>
     };
     let last = old.last().map_or("", |l| l.id.as_str());
     Err(Error::Change(format!(
-        "jump numbers servers by their place in the list: `{edit}` would renumber the servers after {id} and move \
-         their keys. Jump pools grow and shrink at the end only (the last server now is {last}); to take a server \
+        "{distribution} numbers servers by their place in the list: `{edit}` would renumber the servers after {id} \
+         and move their keys. {distribution} pools grow and shrink at the end only (the last server now is {last}); to take a server \
          out of the middle, give its line to another server (same place), or use distribution anchor (memento), \
          whose servers can leave in any order"
     )))

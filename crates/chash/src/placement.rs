@@ -66,8 +66,9 @@ pub trait Placement: Send + Sync {
 /// ([`ownership`](crate::analysis::ownership), [`diff`](crate::analysis::diff))
 /// works on these.
 pub trait PointRing: Placement {
-    /// The sorted point positions.
-    fn point_hashes(&self) -> &[u64];
+    /// The sorted point positions (a copy: rings keep them split into
+    /// halves for lookup speed; see [`Ring`](crate::Ring)).
+    fn point_hashes(&self) -> Vec<u64>;
 
     /// Owner (node index) of the point at `pos` in [`point_hashes`](PointRing::point_hashes).
     fn point_owner(&self, pos: usize) -> usize;

@@ -3,17 +3,22 @@
 //! compatibility rings).
 //!
 //! Layout (structure of arrays, so a lookup touches few cache lines):
-//! - `hashes`: the sorted point positions, 8 bytes each;
+//! - `hi`, `lo`: the sorted point positions, scaled to a 64-bit space and
+//!   split into their top and bottom 32 bits, 4 bytes each: lookups compare
+//!   only `hi` (eight to a 32-byte window) and read `lo` only on a tie of
+//!   the top 32 bits, which a random key meets about once in 2^32 / n;
 //! - `owners`: the node index of each point, 2 bytes each while there are at
 //!   most 65,536 nodes, else 4;
 //! - `index`: `2^k + 1` offsets, where bucket `b` holds the points whose top
-//!   `k` bits (of the hasher's `bits`-wide space) equal `b`. `k` is chosen so
-//!   that a bucket holds 2 to 4 points on average, which keeps the index at
-//!   2 bytes per point or less: 12 bytes per point in all.
+//!   `k` bits equal `b`. `k` is chosen so that a bucket holds 2 to 4 points
+//!   on average, which keeps the index at 2 bytes per point or less: 12 bytes
+//!   per point in all.
 //!
-//! A lookup reads `index[h >> shift]` and steps forward over the few points of
-//! that bucket that are below `h`. Points are ordered by hash, and equal hashes
-//! by the owner's id (byte order), so the order never depends on the order in
+//! A lookup reads `index[h >> shift]`, then counts the points of a fixed
+//! window from there whose top half is below the key's: no branch depends on
+//! the key, so a stream of keys never seen before costs what a hot set does
+//! (see [`Points::locate`]). Points are ordered by hash, and equal hashes by
+//! the owner's id (byte order), so the order never depends on the order in
 //! which nodes were added.
 
 use std::cmp::Ordering;
@@ -56,6 +61,11 @@ enum Owners {
 
 const NARROW_LIMIT: usize = 1 << 16;
 
+/// Points a lookup compares at once (32 bytes of `hi`), from the first
+/// point of the key's bucket: buckets hold 2 to 4 points on average, and
+/// fewer than 1 in 50 more than 8.
+const WINDOW: usize = 8;
+
 impl Owners {
     #[inline]
     fn get(&self, pos: usize) -> usize {
@@ -76,11 +86,20 @@ impl Owners {
 /// The sorted points of a ring and their bucket index.
 #[derive(Clone, Debug)]
 pub(crate) struct Points {
-    hashes: Vec<u64>,
+    /// Top 32 bits of each position scaled to 64 bits (`hash << (64 -
+    /// bits)`), then [`WINDOW`] copies of `u32::MAX`, so that a lookup can
+    /// always read a whole window.
+    hi: Vec<u32>,
+    /// Bottom 32 bits of each scaled position.
+    lo: Vec<u32>,
     owners: Owners,
     index: Vec<u32>,
+    /// `64 - k`: a scaled position's bucket is `position >> shift`.
     shift: u32,
+    /// Width of the hasher's space.
     bits: u32,
+    /// The last point's hash (0 when there is none).
+    last: u64,
 }
 
 /// `(hash, owner)` of one point.
@@ -226,25 +245,54 @@ impl Points {
             let (h, o) = scatter::<u32>(raw, counts, &index, shift, rank);
             (h, Owners::Wide(o))
         };
-        Points { hashes, owners, index, shift, bits }
+        Points::split(&hashes, owners, index, k, bits)
+    }
+
+    /// The point set over sorted `hashes` and their `owners`, with an index
+    /// of `2^k` buckets: positions split into their halves, and the
+    /// lookup's padding.
+    fn split(hashes: &[u64], owners: Owners, index: Vec<u32>, k: u32, bits: u32) -> Points {
+        let scale = 64 - bits;
+        let mut hi = Vec::with_capacity(hashes.len() + WINDOW);
+        let mut lo = Vec::with_capacity(hashes.len());
+        for &h in hashes {
+            let scaled = h << scale;
+            hi.push((scaled >> 32) as u32);
+            lo.push(scaled as u32);
+        }
+        hi.extend([u32::MAX; WINDOW]);
+        let last = hashes.last().copied().unwrap_or(0);
+        Points { hi, lo, owners, index, shift: 64 - k, bits, last }
+    }
+
+    /// The hash of the point at `pos` (in the hasher's space).
+    #[inline]
+    pub(crate) fn hash(&self, pos: usize) -> u64 {
+        ((u64::from(self.hi[pos]) << 32) | u64::from(self.lo[pos])) >> (64 - self.bits)
+    }
+
+    /// Every point's hash, in ring order.
+    pub(crate) fn hashes(&self) -> Vec<u64> {
+        (0..self.len()).map(|pos| self.hash(pos)).collect()
     }
 
     /// A new point set: these points plus `added` (sorted by [`cmp_points`]),
     /// block-copied around one binary search per added point.
     pub(crate) fn merged(&self, node_count: usize, added: &[RawPoint], rank: &[u32]) -> Points {
+        let old = self.hashes();
         let (hashes, owners) = match &self.owners {
             // The new node needs more than 16 bits: widen once, then merge.
             Owners::Narrow(o) if node_count > NARROW_LIMIT => {
                 let wide: Vec<u32> = o.iter().map(|&x| u32::from(x)).collect();
-                let (h, o) = merge_into(&self.hashes, &wide, added, rank);
+                let (h, o) = merge_into(&old, &wide, added, rank);
                 (h, Owners::Wide(o))
             }
             Owners::Narrow(o) => {
-                let (h, o) = merge_into(&self.hashes, o, added, rank);
+                let (h, o) = merge_into(&old, o, added, rank);
                 (h, Owners::Narrow(o))
             }
             Owners::Wide(o) => {
-                let (h, o) = merge_into(&self.hashes, o, added, rank);
+                let (h, o) = merge_into(&old, o, added, rank);
                 (h, Owners::Wide(o))
             }
         };
@@ -254,13 +302,14 @@ impl Points {
     /// A new point set without `removed` (sorted by [`cmp_points`]), owners
     /// renumbered by `renumber` (which must keep the tie order).
     pub(crate) fn without(&self, removed: &[RawPoint], rank: &[u32], renumber: impl Fn(usize) -> usize) -> Points {
+        let old = self.hashes();
         let (hashes, owners) = match &self.owners {
             Owners::Narrow(o) => {
-                let (h, o) = remove_from(&self.hashes, o, removed, rank, |x| u16::from_index(renumber(x.index())));
+                let (h, o) = remove_from(&old, o, removed, rank, |x| u16::from_index(renumber(x.index())));
                 (h, Owners::Narrow(o))
             }
             Owners::Wide(o) => {
-                let (h, o) = remove_from(&self.hashes, o, removed, rank, |x| u32::from_index(renumber(x.index())));
+                let (h, o) = remove_from(&old, o, removed, rank, |x| u32::from_index(renumber(x.index())));
                 (h, Owners::Wide(o))
             }
         };
@@ -274,8 +323,8 @@ impl Points {
         let k = index_bits(hashes.len(), self.bits);
         let shift = self.bits - k;
         // A removal of absent points changes fewer points than listed: rebuild then.
-        let expected = if sign > 0 { self.hashes.len() + changed.len() } else { self.hashes.len() - changed.len() };
-        if shift != self.shift || hashes.len() != expected {
+        let expected = if sign > 0 { self.len() + changed.len() } else { self.len() - changed.len() };
+        if k != 64 - self.shift || hashes.len() != expected {
             return Points::with_fresh_index(self.bits, hashes, owners);
         }
         let mut index = Vec::with_capacity(self.index.len());
@@ -288,7 +337,7 @@ impl Points {
             }
             index.push((i64::from(old) + sign * before) as u32);
         }
-        Points { hashes, owners, index, shift, bits: self.bits }
+        Points::split(&hashes, owners, index, k, self.bits)
     }
 
     fn with_fresh_index(bits: u32, hashes: Vec<u64>, owners: Owners) -> Points {
@@ -303,20 +352,45 @@ impl Points {
             }
             index.push(pos as u32);
         }
-        Points { hashes, owners, index, shift, bits }
+        Points::split(&hashes, owners, index, k, bits)
     }
 
     /// Position of the first point `>= h`, wrapping to 0; `None` when empty.
+    ///
+    /// Branch-free in the common case, so that its cost does not depend on
+    /// the branch predictor having seen similar keys: the key's bucket gives
+    /// the first point to look at, and of the [`WINDOW`] points from there,
+    /// those whose top half is below the key's are counted. Points after the
+    /// bucket are in later buckets, hence above the key, and the padding is
+    /// `u32::MAX`, so the count is the answer unless the whole window is
+    /// below (a bucket fuller than the window: under 2% of buckets) or a
+    /// point's top half equals the key's (about one lookup in 2^32 / n):
+    /// then the full positions are compared one by one from there.
     #[inline]
     pub(crate) fn locate(&self, h: u64) -> Option<usize> {
-        let last = *self.hashes.last()?;
-        if h > last {
-            return Some(0);
+        if h > self.last || self.lo.is_empty() {
+            return (!self.lo.is_empty()).then_some(0);
         }
-        // h <= last < 2^bits, so the bucket exists, and some point at or after
-        // index[bucket] is >= h: the scan needs no end check.
-        let mut pos = self.index[(h >> self.shift) as usize] as usize;
-        while self.hashes[pos] < h {
+        // h <= last < 2^bits: the scaled key keeps every bit, its bucket
+        // exists, and some point at or after index[bucket] is >= h.
+        let scaled = h << (64 - self.bits);
+        let start = self.index[(scaled >> self.shift) as usize] as usize;
+        let top = (scaled >> 32) as u32;
+        let window: &[u32; WINDOW] = self.hi[start..start + WINDOW].try_into().ok()?;
+        // A branch-free binary search of the window (three steps, each a
+        // conditional move): `at` ends on the first point not below `top`,
+        // or on the window's last point when all are below.
+        let mut at = 0;
+        for step in [4, 2, 1] {
+            at = if window[at + step - 1] < top { at + step } else { at };
+        }
+        let mut pos = start + at;
+        // Past the window, or a point with the key's top half: compare the
+        // full positions (rare: under 2% and about n / 2^32 of lookups).
+        if window[at] > top {
+            return Some(pos);
+        }
+        while self.hash(pos) < h {
             pos += 1;
         }
         Some(pos)
@@ -335,16 +409,12 @@ impl Points {
         self.owners.get(pos)
     }
 
-    pub(crate) fn hashes(&self) -> &[u64] {
-        &self.hashes
-    }
-
     pub(crate) fn len(&self) -> usize {
-        self.hashes.len()
+        self.lo.len()
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.hashes.capacity() * 8 + self.owners.heap_bytes() + self.index.capacity() * 4
+        (self.hi.capacity() + self.lo.capacity()) * 4 + self.owners.heap_bytes() + self.index.capacity() * 4
     }
 }
 
@@ -414,6 +484,68 @@ mod tests {
         assert_eq!(index_bits(1 << 20, 15), 15);
     }
 
+    /// Every path of the lookup against a linear search: crowded buckets
+    /// (longer than the window), positions sharing their top 32 bits,
+    /// equal positions, wrapping, in 64-, 32- and 4-bit spaces; probed at,
+    /// just below and just above every point.
+    #[test]
+    fn locate_agrees_with_a_linear_search_on_every_path() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for bits in [64u32, 32, 4] {
+            let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
+            for case in 0..40 {
+                let owners_count = 1 + case % 7;
+                let per_owner = 1 + (case * 13) % 60;
+                let mut by_owner: Vec<Vec<u64>> = Vec::new();
+                for o in 0..owners_count {
+                    let mut mine = Vec::new();
+                    for i in 0..per_owner {
+                        let r = next();
+                        let h = match (case + i + o) % 5 {
+                            // Crowded: all near one place.
+                            0 => (mask / 3).wrapping_add(r % 64) & mask,
+                            // Same top half as a neighbour, another bottom half.
+                            1 => ((mask / 2) & !0xffff_ffff) | (r & 0xffff_ffff & mask),
+                            // Exactly equal to another owner's point.
+                            2 => (mask / 5) & mask,
+                            _ => r & mask,
+                        };
+                        mine.push(h);
+                    }
+                    by_owner.push(mine);
+                }
+                let counts: Vec<usize> = by_owner.iter().map(Vec::len).collect();
+                let raw: Vec<u64> = by_owner.concat();
+                let rank: Vec<u32> = (0..owners_count as u32).rev().collect();
+                let pts = Points::build(bits, &raw, &counts, &rank);
+                let mut sorted: Vec<RawPoint> = Vec::new();
+                for (o, mine) in by_owner.iter().enumerate() {
+                    sorted.extend(mine.iter().map(|&h| (h, o as u32)));
+                }
+                sorted.sort_by(|a, b| cmp_points(a, b, &rank));
+                assert_eq!(pts.hashes(), sorted.iter().map(|p| p.0).collect::<Vec<_>>());
+                let mut probes = vec![0, mask, mask / 2];
+                for p in &sorted {
+                    probes.extend([p.0, p.0.saturating_sub(1), (p.0 + 1).min(mask)]);
+                }
+                probes.extend((0..200).map(|_| next() & mask));
+                for h in probes {
+                    let want = naive(&sorted, h);
+                    let pos = pts.locate(h).unwrap();
+                    assert_eq!(pts.owner(pos) as u32, want, "bits {bits} case {case} h {h:#x}");
+                    let first = sorted.iter().position(|p| p.0 >= h).unwrap_or(0);
+                    assert_eq!(pos, first, "bits {bits} case {case} h {h:#x}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn small_spaces_and_ties() {
         // 4-bit space with many equal hashes: ties go to the lower rank.
@@ -436,13 +568,13 @@ mod tests {
         let mut third = vec![(9, 2), (0, 2)];
         third.sort_by(|a, b| cmp_points(a, b, &rank));
         let merged = two.merged(3, &third, &rank);
-        assert_eq!(merged.hashes, pts.hashes);
+        assert_eq!(merged.hashes(), pts.hashes());
         assert_eq!(
             (0..6).map(|i| merged.owner(i)).collect::<Vec<_>>(),
             (0..6).map(|i| pts.owner(i)).collect::<Vec<_>>()
         );
         let back = merged.without(&third, &rank, |o| o);
-        assert_eq!(back.hashes, two.hashes);
+        assert_eq!(back.hashes(), two.hashes());
         assert_eq!(back.index, two.index);
     }
 }

@@ -6,8 +6,8 @@
 use std::time::Duration;
 
 use crate::algo::{
-    Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY, DEFAULT_BALANCE_FACTOR,
-    DEFAULT_MAGLEV_TABLE_SIZE, DEFAULT_PROBES,
+    Anchor, Bounded, Jump, JumpVariant, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY,
+    DEFAULT_BALANCE_FACTOR, DEFAULT_MAGLEV_TABLE_SIZE, DEFAULT_PROBES,
 };
 use crate::any_placement::AnyPlacement;
 use crate::compat::{twemproxy_order, Ketama, Modula, NginxChash};
@@ -155,6 +155,7 @@ impl PoolConfig {
             Distribution::Ring => AnyPlacement::Ring(ring(nodes)?),
             Distribution::Bounded => AnyPlacement::Bounded(Box::new(Bounded::new(ring(nodes)?, self.balance_factor)?)),
             Distribution::Jump => AnyPlacement::Jump(Jump::with_hasher(nodes, self.hash)?),
+            Distribution::JumpBack => AnyPlacement::Jump(Jump::with_variant(nodes, self.hash, JumpVariant::Back)?),
             Distribution::Rendezvous => AnyPlacement::Rendezvous(Rendezvous::with_hasher(nodes, self.hash)?),
             Distribution::Maglev => AnyPlacement::Maglev(
                 Maglev::builder().hasher(self.hash).table_size(self.maglev_table_size).build(nodes)?,

@@ -372,7 +372,7 @@ impl<T> Ring<T> {
 
     /// The points in ring order, as `(position, node index)`.
     pub fn points(&self) -> impl ExactSizeIterator<Item = (u64, usize)> + '_ {
-        self.points.hashes().iter().enumerate().map(|(pos, &h)| (h, self.points.owner(pos)))
+        (0..self.points.len()).map(|pos| (self.points.hash(pos), self.points.owner(pos)))
     }
 }
 
@@ -472,7 +472,7 @@ impl<T: Send + Sync> Placement for Ring<T> {
 }
 
 impl<T: Send + Sync> PointRing for Ring<T> {
-    fn point_hashes(&self) -> &[u64] {
+    fn point_hashes(&self) -> Vec<u64> {
         self.points.hashes()
     }
 

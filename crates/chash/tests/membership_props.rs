@@ -34,7 +34,7 @@ fn reread(p: &PoolConfig) -> PoolConfig {
 }
 
 fn run(distribution: &str, seed: u64) {
-    let weighted = !matches!(distribution, "anchor" | "jump" | "multiprobe");
+    let weighted = !matches!(distribution, "anchor" | "jump" | "jumpback" | "multiprobe");
     let hash = if matches!(distribution, "ketama" | "modula") {
         "fnv1a_64"
     } else if distribution == "nginx" {
@@ -49,7 +49,7 @@ fn run(distribution: &str, seed: u64) {
     }
     let mut pool = b.build().unwrap();
     // The reference: the algorithm's own changes, or the expected list.
-    let incremental = !matches!(distribution, "maglev" | "jump" | "modula" | "nginx");
+    let incremental = !matches!(distribution, "maglev" | "jump" | "jumpback" | "modula" | "nginx");
     let mut reference: AnyPlacement = pool.snapshot().unwrap().placement().clone();
     let mut expected: Vec<ServerLine> = pool.lines.clone();
     let mut rng = Rng(seed);
@@ -81,7 +81,7 @@ fn run(distribution: &str, seed: u64) {
         let (next, _ops) = match pool.apply(&edit) {
             Ok(done) => done,
             Err(e) => {
-                assert_eq!(distribution, "jump", "{distribution} step {step}: {edit} refused: {e}");
+                assert!(matches!(distribution, "jump" | "jumpback"), "{distribution} step {step}: {edit} refused: {e}");
                 refused += 1;
                 continue;
             }
@@ -140,7 +140,7 @@ fn run(distribution: &str, seed: u64) {
         let differ = want.iter().zip(&got).filter(|(a, b)| a != b).count();
         assert_eq!(differ, 0, "{distribution} step {step} after {edit}: {differ} of {KEYS} keys differ");
     }
-    if distribution != "jump" {
+    if !matches!(distribution, "jump" | "jumpback") {
         assert_eq!(refused, 0);
     }
 }
@@ -169,4 +169,5 @@ follows_its_file! {
     multiprobe_follows_its_file: "multiprobe", [7];
     bounded_follows_its_file: "bounded", [7];
     jump_follows_its_file: "jump", [7];
+    jumpback_follows_its_file: "jumpback", [7];
 }

@@ -4,9 +4,80 @@
 #![allow(dead_code)]
 
 use std::hash::{BuildHasher, Hasher};
+use std::hint::black_box;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
+use criterion::measurement::WallTime;
+use criterion::BenchmarkGroup;
 use pingora_ketama::Bucket;
+
+/// The two key sets every lookup benchmark runs on.
+///
+/// - `Stream`: 1,048,576 (2^20) distinct keys `k:00000000`…, each looked up
+///   once per pass, in order: the way a proxy sees traffic. No branch
+///   predictor or cache learns a million keys, so this is the figure users
+///   get, and the one the tables lead with.
+/// - `Hot`: 4,096 keys `user:10000`…`user:14095`, cycled: the best case, a
+///   key set the predictor and the caches have learned.
+///
+/// Keys are 10 bytes, built before timing in one contiguous buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySet {
+    Stream,
+    Hot,
+}
+
+impl KeySet {
+    pub const BOTH: [KeySet; 2] = [KeySet::Stream, KeySet::Hot];
+
+    /// The group name segment: `stream` or `hot`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeySet::Stream => "stream",
+            KeySet::Hot => "hot",
+        }
+    }
+
+    pub fn len(self) -> usize {
+        match self {
+            KeySet::Stream => 1 << 20,
+            KeySet::Hot => 4096,
+        }
+    }
+
+    /// The keys' bytes, back to back (10 bytes each).
+    pub fn buffer(self) -> String {
+        let mut buf = String::with_capacity(self.len() * 10);
+        for i in 0..self.len() {
+            match self {
+                KeySet::Stream => buf.push_str(&format!("k:{i:08}")),
+                KeySet::Hot => buf.push_str(&format!("user:{}", 10_000 + i)),
+            }
+        }
+        assert_eq!(buf.len(), self.len() * 10);
+        buf
+    }
+}
+
+/// Key `i` of a [`KeySet::buffer`]s, as `&str` slices of it.
+pub fn key_refs(buffer: &str) -> Vec<&str> {
+    (0..buffer.len() / 10).map(|i| &buffer[i * 10..i * 10 + 10]).collect()
+}
+
+/// Benchmarks `f` on `inputs` (a power-of-two count), taking the next input
+/// on every iteration and wrapping at the end.
+pub fn bench_inputs<I: Copy, R>(g: &mut BenchmarkGroup<'_, WallTime>, name: &str, inputs: &[I], f: impl Fn(I) -> R) {
+    assert!(inputs.len().is_power_of_two());
+    let mask = inputs.len() - 1;
+    g.bench_function(name, |b| {
+        let mut i = 0usize;
+        b.iter(|| {
+            let x = inputs[i & mask];
+            i = i.wrapping_add(1);
+            f(black_box(x))
+        })
+    });
+}
 
 /// Points per node in the ring benchmarks (twemproxy's and pingora's 160).
 pub const VNODES: u32 = 160;

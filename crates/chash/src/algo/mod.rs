@@ -25,7 +25,7 @@ mod rendezvous;
 
 pub use anchor::{Anchor, AnchorCandidates, DEFAULT_ANCHOR_CAPACITY};
 pub use bounded::{Bounded, LoadGuard, DEFAULT_BALANCE_FACTOR};
-pub use jump::{jump_hash, Jump, JumpCandidates};
+pub use jump::{jump_back_hash, jump_hash, Jump, JumpCandidates, JumpVariant};
 pub use maglev::{next_prime, Maglev, MaglevBuilder, MaglevCandidates, DEFAULT_MAGLEV_TABLE_SIZE};
 pub use mix::{fmix64, mix2};
 pub use multiprobe::{MultiProbe, MultiProbeCandidates, DEFAULT_PROBES};

@@ -200,16 +200,18 @@ impl<T: Send + Sync> Placement for Rendezvous<T> {
     fn locate_hash(&self, hash: u64) -> Option<usize> {
         let key = fmix64(hash);
         if self.uniform {
-            // The hot loop of the common case: the largest (draw, -rank).
-            let mut best: Option<(usize, u64)> = None;
-            for (i, &seed) in self.seeds.iter().enumerate() {
-                let d = mix2(key, seed);
-                match best {
-                    Some((b, bd)) if d < bd || (d == bd && self.rank[i] > self.rank[b]) => {}
-                    _ => best = Some((i, d)),
-                }
+            // The hot loop of the common case: the largest (draw, -rank),
+            // as one 96-bit number kept with conditional moves (which node
+            // wins is a coin toss per key: a branch would mispredict).
+            let standing = |i: usize, seed: u64| (u128::from(mix2(key, seed)) << 32) | u128::from(!self.rank[i]);
+            let (mut best, mut best_standing) = (0, standing(0, *self.seeds.first()?));
+            for (i, &seed) in self.seeds.iter().enumerate().skip(1) {
+                let s = standing(i, seed);
+                let better = s > best_standing;
+                best = if better { i } else { best };
+                best_standing = if better { s } else { best_standing };
             }
-            return best.map(|b| b.0);
+            return Some(best);
         }
         self.best_below(key, None).map(|b| b.0)
     }

@@ -187,7 +187,7 @@ impl Placement for Ketama {
 }
 
 impl PointRing for Ketama {
-    fn point_hashes(&self) -> &[u64] {
+    fn point_hashes(&self) -> Vec<u64> {
         self.points.hashes()
     }
 

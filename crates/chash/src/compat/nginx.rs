@@ -90,7 +90,7 @@ impl Placement for NginxChash {
 }
 
 impl PointRing for NginxChash {
-    fn point_hashes(&self) -> &[u64] {
+    fn point_hashes(&self) -> Vec<u64> {
         self.points.hashes()
     }
 
