@@ -254,13 +254,9 @@ impl Points {
     fn split(hashes: &[u64], owners: Owners, index: Vec<u32>, k: u32, bits: u32) -> Points {
         let scale = 64 - bits;
         let mut hi = Vec::with_capacity(hashes.len() + WINDOW);
-        let mut lo = Vec::with_capacity(hashes.len());
-        for &h in hashes {
-            let scaled = h << scale;
-            hi.push((scaled >> 32) as u32);
-            lo.push(scaled as u32);
-        }
+        hi.extend(hashes.iter().map(|&h| ((h << scale) >> 32) as u32));
         hi.extend([u32::MAX; WINDOW]);
+        let lo = hashes.iter().map(|&h| (h << scale) as u32).collect();
         let last = hashes.last().copied().unwrap_or(0);
         Points { hi, lo, owners, index, shift: 64 - k, bits, last }
     }
@@ -273,7 +269,8 @@ impl Points {
 
     /// Every point's hash, in ring order.
     pub(crate) fn hashes(&self) -> Vec<u64> {
-        (0..self.len()).map(|pos| self.hash(pos)).collect()
+        let scale = 64 - self.bits;
+        self.hi.iter().zip(&self.lo).map(|(&hi, &lo)| ((u64::from(hi) << 32) | u64::from(lo)) >> scale).collect()
     }
 
     /// A new point set: these points plus `added` (sorted by [`cmp_points`]),
