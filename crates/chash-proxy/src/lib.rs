@@ -29,6 +29,8 @@
 mod admin;
 mod backend;
 mod conn;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod memcache;
 mod options;
 mod pool;
@@ -46,6 +48,6 @@ pub use memcache::shard as embedded;
 pub use options::{ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER};
 pub use pool::{check_servers, Change, Pool, PoolError};
 pub use proxy::{start, PoolSpec, Running, StartError};
-pub use registry::{PoolReload, Registry, ReloadError};
+pub use registry::{MembershipStatus, PoolReload, Registry, ReloadError};
 pub use stats::{PoolSnapshot, ServerSnapshot};
 pub use twemproxy_stats::describe as describe_stats;
