@@ -22,9 +22,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chash::KeyHasher;
+pub use etcd_client::Client;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
+    Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -818,19 +818,27 @@ async fn registration(
                     Err(_) => return Err("the keep-alive timed out".into()),
                 }
             }
-            changed = reports.changed() => {
+            // Stopped: the watcher (which sends the reports) ends with
+            // the same signal, so either may be seen first.
+            changed = reports.changed(), if !*stop.borrow() => {
                 if changed.is_err() {
-                    return Ok(());
+                    break;
                 }
                 let report = reports.borrow_and_update().clone();
                 put(&mut client, &report).await?;
             }
-            _ = stop.changed() => {
-                let _ = tokio::time::timeout(Duration::from_secs(1), client.lease_revoke(lease)).await;
-                return Ok(());
-            }
+            _ = stop.changed() => break,
         }
     }
+    match tokio::time::timeout(REQUEST_TIMEOUT, client.lease_revoke(lease)).await {
+        Ok(Ok(_)) => {}
+        _ => {
+            // The lease could not be revoked: the report goes now anyway,
+            // or with the lease's time to live.
+            let _ = tokio::time::timeout(Duration::from_secs(1), client.delete(key, None)).await;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
