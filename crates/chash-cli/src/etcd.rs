@@ -12,7 +12,7 @@ use chash::config_edit::Edited;
 use chash_proxy::etcd::{self, Client, EtcdError, EtcdTarget, PoolReport, ProxyReport, Stored};
 
 /// How often `--wait` and `fleet status` ask etcd for the proxies' reports.
-const POLL: Duration = Duration::from_millis(20);
+const POLL: Duration = Duration::from_millis(5);
 
 /// Runs `f` on a small runtime of its own (the CLI is otherwise
 /// synchronous).

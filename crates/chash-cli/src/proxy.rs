@@ -47,6 +47,18 @@ parse, or that would renumber an anchor or jump pool, is refused and the
 last good config stays (the error is in /stats and /metrics). --no-watch
 turns this off.
 
+A fleet on etcd: --membership etcd://HOST:PORT[,HOST:PORT...]/PREFIX reads
+the config (the same YAML, every pool) from the key PREFIX/config instead of
+a file and watches it: every new revision is validated and applied as a
+reload (an invalid one is refused, the last good config stays, and the error
+is in /stats and /metrics). An etcd outage changes nothing: the proxy keeps
+serving and resumes the watch where it left off. The proxy registers under
+PREFIX/proxies/ID with a lease (its admin URL, applied revision and
+fingerprints: `chash fleet status --etcd`). With --membership-cache FILE it
+keeps the last applied config there and starts from it when etcd is
+unreachable; without one it then refuses to start. Change the membership
+with `chash config ... --etcd`; the admin endpoint's changes are refused.
+
 Signals: SIGHUP reopens the log file (-o) and re-reads the config file
 (servers and placement change live; only the changed servers' keys move);
 SIGTTIN raises and SIGTTOU lowers the log level by one; SIGUSR1 and SIGUSR2
@@ -57,7 +69,8 @@ Examples:
   chash proxy                                   # embedded default
   chash proxy -c nutcracker.yml -s 22222 -o /var/log/chash.log -p /run/chash.pid -d
   chash proxy -c nutcracker.yml --test-conf
-  chash proxy -c nutcracker.yml --persist --admin 0.0.0.0:22223 --admin-token-file /etc/chash/token"
+  chash proxy -c nutcracker.yml --persist --admin 0.0.0.0:22223 --admin-token-file /etc/chash/token
+  chash proxy --membership etcd://10.0.0.1:2379,10.0.0.2:2379/chash/web --membership-cache /var/lib/chash/web.yml"
 )]
 pub struct ProxyArgs {
     /// twemproxy-style YAML config file (every pool in it is served).

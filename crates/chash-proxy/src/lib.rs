@@ -9,7 +9,13 @@
 //!   admin endpoint and the stats port; graceful shutdown.
 //! - `admin` (the HTTP admin endpoint) and `twemproxy_stats` (twemproxy's
 //!   stats document): renderings of the registry's counters.
-//! - `registry`: the running pools by name, and reloading them.
+//! - [`etcd`] (cargo feature `etcd`, on by default): a fleet's membership
+//!   in etcd: the stored config followed (watched, validated, applied
+//!   through the registry), the proxy's lease-kept report, and the
+//!   compare-and-swap writes and reads `chash config --etcd` and `chash
+//!   fleet status` use.
+//! - `registry`: the running pools by name, and reloading them (from the
+//!   file, or a whole config from etcd, all or nothing).
 //! - [`memcache`] and [`redis`]: one folder per protocol, each owning its
 //!   bytes (requests, replies, the backend framings) and its client
 //!   session. They never import each other.
