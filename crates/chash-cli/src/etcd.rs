@@ -188,9 +188,13 @@ async fn wait_for(client: &mut Client, target: &EtcdTarget, revision: i64, secs:
             }
             return Ok(true);
         }
-        if started.elapsed() >= limit {
+        // Proxies that refused this very revision will not apply it.
+        let refused = format!("revision {revision} refused");
+        let all_refused = lagging.iter().all(|p| p.last_error.as_deref().is_some_and(|e| e.starts_with(&refused)));
+        if started.elapsed() >= limit || all_refused {
+            let waited = started.elapsed().as_secs_f64();
             println!(
-                "revision {revision}: applied by {} of {} proxies after {secs} s; lagging:",
+                "revision {revision}: applied by {} of {} proxies after {waited:.3} s; lagging:",
                 proxies.len() - lagging.len(),
                 proxies.len()
             );

@@ -801,4 +801,14 @@ fn start_needs_etcd_or_a_cache() {
     assert_eq!(m["revision"], 7, "{m}");
     assert_eq!(stats["pools"][0]["membership_revision"], 7);
     assert!(proxy.logged("starting from the membership cache"), "{:?}", proxy.log.lock().unwrap());
+    // Membership follows etcd: the admin endpoint's changes are refused.
+    for (method, path) in [("DELETE", "/pools/web/servers/127.0.0.1:1"), ("POST", "/reload")] {
+        let mut s = TcpStream::connect(proxy.admin).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        assert!(out.starts_with("HTTP/1.1 409") && out.contains("--etcd"), "{method} {path}: {out}");
+    }
+    assert_eq!(proxy.stats()["pools"][0]["live_servers"], 1);
 }

@@ -156,7 +156,7 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
         ("GET", ["metrics"]) => {
             Response { status: 200, content_type: "text/plain; version=0.0.4", body: metrics(registry) }
         }
-        ("POST", ["reload"] | ["pools", _, "servers", ..]) if registry.membership().is_some() => {
+        (method, ["reload"] | ["pools", _, "servers", ..]) if method != "GET" && registry.membership().is_some() => {
             let m = registry.membership().unwrap_or_default();
             error(
                 409,

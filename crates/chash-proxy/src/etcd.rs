@@ -170,11 +170,15 @@ impl fmt::Display for EtcdError {
             }
             EtcdError::NotText { key, revision } => write!(f, "{key} (revision {revision}) is not UTF-8 text"),
             EtcdError::Conflict { key, read, now } => {
-                let changed = if *now == 0 { "was deleted".to_owned() } else { format!("changed at revision {now}") };
+                let what = match (*read, *now) {
+                    (0, now) => format!("was created at revision {now} since this writer found it absent"),
+                    (read, 0) => format!("was deleted since it was read at revision {read}"),
+                    (read, now) => format!("changed at revision {now} since it was read at revision {read}"),
+                };
                 write!(
                     f,
-                    "conflict: {key} {changed} since it was read at revision {read} (another writer); nothing was \
-                     written: re-run the command, or pass --retry N"
+                    "conflict: {key} {what} (another writer); nothing was written: re-run the command, or pass \
+                     --retry N"
                 )
             }
         }
@@ -864,6 +868,15 @@ mod tests {
             let e = bad.parse::<EtcdTarget>().unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn conflicts_say_what_happened() {
+        let says = |read, now| EtcdError::Conflict { key: "/p/config".into(), read, now }.to_string();
+        assert!(says(3, 5).contains("changed at revision 5 since it was read at revision 3"), "{}", says(3, 5));
+        assert!(says(0, 5).contains("created at revision 5"), "{}", says(0, 5));
+        assert!(says(3, 0).contains("deleted"), "{}", says(3, 0));
+        assert!(says(3, 5).starts_with("conflict: /p/config") && says(3, 5).contains("--retry N"));
     }
 
     #[test]
