@@ -243,10 +243,11 @@ pub fn status(url: &str, max_lag: f64) -> Result<bool> {
         let (stored, proxies) = loop {
             let stored = etcd::read_config(&mut client, &target).await?;
             let proxies = etcd::read_proxies(&mut client, &target).await?;
-            if proxies.iter().any(|p| p.revision > stored.revision) {
+            let out_of_time = started.elapsed() >= limit;
+            if proxies.iter().any(|p| p.revision > stored.revision) && !out_of_time {
                 continue; // changed between the two reads
             }
-            if proxies.iter().all(|p| p.revision == stored.revision) || started.elapsed() >= limit {
+            if proxies.iter().all(|p| p.revision == stored.revision) || out_of_time {
                 break (stored, proxies);
             }
             tokio::time::sleep(POLL).await;
