@@ -127,6 +127,11 @@ impl Etcd {
         format!("etcd://127.0.0.1:{}/{prefix}", self.client)
     }
 
+    /// An URL whose first endpoint is dead: this etcd is the second.
+    fn url_after_a_dead_one(&self, prefix: &str) -> String {
+        format!("etcd://127.0.0.1:{},127.0.0.1:{}/{prefix}", free_port(), self.client)
+    }
+
     /// etcdctl (v3 API) against this etcd.
     fn ctl(&self, args: &[&str]) -> Output {
         Command::new(require("etcdctl", "etcd-client"))
@@ -527,7 +532,7 @@ fn a_fleet_on_etcd_applies_every_change_everywhere() {
     let link = Link::start(etcd.client);
     let pools = ["web", "pages"];
     let mut proxies = vec![
-        Proxy::start(&url, "p1", &dir.path("p1.cache"), &pools),
+        Proxy::start(&etcd.url_after_a_dead_one("chash/test"), "p1", &dir.path("p1.cache"), &pools),
         Proxy::start(&url, "p2", &dir.path("p2.cache"), &pools),
         Proxy::start(&link.url("chash/test"), "p3", &dir.path("p3.cache"), &pools),
     ];
@@ -731,7 +736,8 @@ fn racing_writers_lose_nothing_silently() {
     let _serial = serial();
     let dir = TempDir::new("race");
     let etcd = Etcd::start(&dir);
-    let url = etcd.url("race");
+    // The writers are given a dead endpoint first: they go on to the next.
+    let url = etcd.url_after_a_dead_one("race");
     let file = dir.path("race.yml");
     std::fs::write(&file, "web:\n  distribution: ring\n  servers:\n   - 127.0.0.1:1:1\n").unwrap();
     run_ok(&["config", "put", "--etcd", &url, file.to_str().unwrap()]);

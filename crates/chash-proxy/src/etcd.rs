@@ -194,7 +194,10 @@ fn describe(e: &etcd_client::Error) -> String {
         etcd_client::Error::GRpcStatus(s) => format!("{:?}: {}", s.code(), s.message()),
         other => other.to_string(),
     };
-    let mut source = std::error::Error::source(e);
+    let mut source = match e {
+        etcd_client::Error::GRpcStatus(s) => std::error::Error::source(s),
+        other => std::error::Error::source(other),
+    };
     while let Some(s) = source {
         let more = s.to_string();
         if !text.contains(&more) {
@@ -212,26 +215,44 @@ impl EtcdTarget {
     }
 }
 
-/// Connects to the target's endpoints (timeouts: [`CONNECT_TIMEOUT`],
-/// [`REQUEST_TIMEOUT`]; keep-alive pings find a dead connection).
+/// Connects to the first of the target's endpoints that answers (in the
+/// order given; timeouts: [`CONNECT_TIMEOUT`], [`REQUEST_TIMEOUT`];
+/// keep-alive pings find a dead connection). One endpoint is used at a
+/// time: a client balanced over all of them sends requests to dead ones
+/// too, so failing over is done here, by connecting again.
 ///
 /// # Errors
-/// [`EtcdError::Etcd`] when no endpoint answers.
+/// [`EtcdError::Etcd`] when no endpoint answers, with each one's error.
 pub async fn connect(target: &EtcdTarget) -> Result<Client, EtcdError> {
+    let mut errors = Vec::new();
+    for endpoint in &target.endpoints {
+        match connect_one(endpoint).await {
+            Ok(client) => return Ok(client),
+            Err(why) if target.endpoints.len() == 1 => errors.push(why),
+            Err(why) => errors.push(format!("{endpoint}: {why}")),
+        }
+    }
+    Err(EtcdError::Etcd { endpoints: target.endpoint_list(), what: "unreachable".into(), why: errors.join("; ") })
+}
+
+/// A client of one endpoint, once the endpoint has answered a request (a
+/// connection alone does not say that etcd serves).
+async fn connect_one(endpoint: &str) -> Result<Client, String> {
     let options = ConnectOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
         .with_timeout(REQUEST_TIMEOUT)
         .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
         .with_keep_alive_while_idle(true);
-    let connect = Client::connect(target.endpoints.clone(), Some(options));
-    match tokio::time::timeout(CONNECT_TIMEOUT + REQUEST_TIMEOUT, connect).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(target.error("cannot connect", &e)),
-        Err(_) => Err(EtcdError::Etcd {
-            endpoints: target.endpoint_list(),
-            what: "cannot connect".into(),
-            why: "timed out".into(),
-        }),
+    let connect = Client::connect([endpoint], Some(options));
+    let mut client = match tokio::time::timeout(CONNECT_TIMEOUT + REQUEST_TIMEOUT, connect).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(e)) => return Err(describe(&e)),
+        Err(_) => return Err("timed out connecting".into()),
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, client.status()).await {
+        Ok(Ok(_)) => Ok(client),
+        Ok(Err(e)) => Err(describe(&e)),
+        Err(_) => Err("timed out".into()),
     }
 }
 
