@@ -718,7 +718,11 @@ fn announce(running: &Running, embedded: bool, log_file: bool) {
     if let Some(admin) = running.admin {
         eprintln!("chash proxy: admin on http://{admin}  (curl http://{admin}/stats)");
     }
-    eprintln!("chash proxy: SIGHUP reloads the config and reopens the log, Ctrl-C stops");
+    if running.registry.membership().is_some() {
+        eprintln!("chash proxy: SIGHUP reopens the log (the config follows etcd), Ctrl-C stops");
+    } else {
+        eprintln!("chash proxy: SIGHUP reloads the config and reopens the log, Ctrl-C stops");
+    }
 }
 
 /// The signals the proxy handles, registered.

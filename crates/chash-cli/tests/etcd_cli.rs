@@ -708,6 +708,10 @@ fn a_fleet_on_etcd_applies_every_change_everywhere() {
             thread::sleep(Duration::from_millis(50));
         }
         last.unwrap_or_else(|e| panic!("step {step} ({args:?}): not placed alike within 2 s: {e}"));
+        // Each proxy's placement is a fresh build's of the stored config
+        // (its versions and fingerprints, computed by the CLI).
+        let status = chash(&["fleet", "status", "--etcd", &url, "--max-lag", "10"], b"");
+        assert!(status.status.success(), "step {step}: {}", stdout(&status));
     }
     let status = chash(&["fleet", "status", "--etcd", &url, "--max-lag", "5"], b"");
     assert!(status.status.success(), "{}", stdout(&status));
