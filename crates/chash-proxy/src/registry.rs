@@ -219,12 +219,14 @@ impl Registry {
             let name = new.name.clone();
             let result = match self.pool(&name) {
                 Some(pool) if pool.config() == new => continue,
-                Some(pool) => pool.reload_stored(new),
+                Some(pool) => {
+                    if new.listen != pool.settings.listen {
+                        tracing::warn!(pool = %name, "listen address changed: takes effect after a restart");
+                    }
+                    pool.reload_stored(new)
+                }
                 None => Err(PoolError::NeedsRestart { pool: name.clone(), what: "new: it is served after a restart" }),
             };
-            if let Err(e @ PoolError::NeedsRestart { .. }) = &result {
-                tracing::warn!(pool = %name, "{e}");
-            }
             results.push((name, result));
         }
         Ok(results)
