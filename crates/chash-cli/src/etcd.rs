@@ -334,3 +334,29 @@ fn print_status(
     }
     Ok(false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proxy(id: &str, revision: i64, fingerprint: &str) -> ProxyReport {
+        let pools = [("web".to_owned(), PoolReport { version: "v1".into(), fingerprint: fingerprint.into() })];
+        ProxyReport { id: id.into(), revision, pools: pools.into_iter().collect(), ..ProxyReport::default() }
+    }
+
+    #[test]
+    fn status_agrees_only_when_every_proxy_runs_the_stored_placement() {
+        let target: EtcdTarget = "etcd://127.0.0.1:2379/p".parse().unwrap();
+        let stored = Stored { text: String::new(), revision: 5, read_at: 7 };
+        let expected: BTreeMap<String, PoolReport> =
+            [("web".to_owned(), PoolReport { version: "v1".into(), fingerprint: "f1".into() })].into_iter().collect();
+        let status = |proxies: &[ProxyReport]| print_status(&target, &stored, &expected, proxies, 0.0).unwrap();
+        assert!(status(&[proxy("a", 5, "f1"), proxy("b", 5, "f1")]));
+        assert!(!status(&[proxy("a", 5, "f1"), proxy("b", 5, "f2")]), "a fingerprint differs");
+        assert!(!status(&[proxy("a", 5, "f1"), proxy("b", 4, "f1")]), "a proxy lags");
+        let mut no_pool = proxy("a", 5, "f1");
+        no_pool.pools.clear();
+        assert!(!status(&[no_pool]), "a pool is missing");
+        assert!(!status(&[]), "no proxy is registered");
+    }
+}
