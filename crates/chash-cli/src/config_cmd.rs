@@ -38,7 +38,20 @@ Examples:
   chash config restore -c nutcracker.yml 10.0.0.4:11211 -i
 
 --plan prints what the change moves, as `chash plan` does (to standard
-output with -o or -i, else to standard error). Any error: exit 2, one line.")]
+output with -o or -i, else to standard error). Any error: exit 2, one line.
+
+A fleet on etcd (chash proxy --membership etcd://HOST:PORT/PREFIX): with
+--etcd URL/PREFIX instead of -c, the same change is made to the config stored
+at PREFIX/config and written with a compare-and-swap on the key's revision.
+When another writer changed it since it was read, nothing is written and the
+command fails with `conflict: ...` (exit 2); --retry N reads it again and
+re-applies the change, up to N times. --wait SECS then waits until every
+proxy registered under PREFIX/proxies/ reports the new revision, and exits 1
+naming those that lag.
+  chash config add    --etcd etcd://10.0.0.1:2379/chash/web '10.0.0.9:11211:1 cache-9' --retry 3 --wait 10
+  chash config remove --etcd etcd://10.0.0.1:2379,10.0.0.2:2379/chash/web 10.0.0.3:11211
+  chash config put    --etcd etcd://10.0.0.1:2379/chash/web nutcracker.yml   # whole file, validated first
+  chash config get    --etcd etcd://10.0.0.1:2379/chash/web > nutcracker.yml")]
 pub struct ConfigArgs {
     #[command(subcommand)]
     command: ConfigCommand,
@@ -95,13 +108,64 @@ enum ConfigCommand {
         #[arg(value_name = "ID")]
         id: String,
     },
+    /// Upload a whole config file to etcd (validated first; compare-and-swap).
+    Put {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The config file.
+        #[arg(value_name = "FILE")]
+        file: PathBuf,
+        /// Upload it even when it renumbers an anchor or jump pool of the
+        /// stored config (every key after the changed line moves).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print the config stored in etcd (its revision on standard error).
+    Get {
+        /// Where the config is stored: etcd://HOST:PORT[,HOST:PORT...]/PREFIX.
+        #[arg(long, value_name = "URL/PREFIX")]
+        etcd: String,
+    },
+}
+
+#[derive(Args, Debug)]
+struct StoreArgs {
+    /// Where the config is stored: etcd://HOST:PORT[,HOST:PORT...]/PREFIX.
+    #[arg(long, value_name = "URL/PREFIX")]
+    etcd: String,
+
+    /// When another writer changed the stored config since it was read,
+    /// read it again and re-apply, up to N times.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    retry: u32,
+
+    /// Wait up to SECS until every registered proxy applied the new
+    /// revision; exit 1 naming those that lag.
+    #[arg(long, value_name = "SECS")]
+    wait: Option<f64>,
 }
 
 #[derive(Args, Debug)]
 struct FileArgs {
     /// The config file to edit.
-    #[arg(short = 'c', long = "config", value_name = "FILE")]
-    config: PathBuf,
+    #[arg(short = 'c', long = "config", value_name = "FILE", required_unless_present = "etcd")]
+    config: Option<PathBuf>,
+
+    /// Edit the config stored in etcd instead of a file
+    /// (etcd://HOST:PORT[,HOST:PORT...]/PREFIX; the key PREFIX/config),
+    /// written with a compare-and-swap on its revision.
+    #[arg(long, value_name = "URL/PREFIX", conflicts_with_all = ["config", "output", "in_place"])]
+    etcd: Option<String>,
+
+    /// With --etcd: when another writer changed the stored config since it
+    /// was read, read it again and re-apply the change, up to N times.
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "etcd")]
+    retry: u32,
+
+    /// With --etcd: wait up to SECS until every registered proxy applied
+    /// the new revision; exit 1 naming those that lag.
+    #[arg(long, value_name = "SECS", requires = "etcd")]
+    wait: Option<f64>,
 
     /// The pool to change (may be left out when the file has one).
     #[arg(long, value_name = "NAME")]
@@ -120,7 +184,8 @@ struct FileArgs {
     plan: bool,
 }
 
-pub fn run(args: ConfigArgs) -> Result<()> {
+/// Runs a `chash config` command: `false` when `--wait` saw proxies lag.
+pub fn run(args: ConfigArgs) -> Result<bool> {
     let mut drain = None;
     let (file, edit) = match args.command {
         ConfigCommand::Add { file, line } => {
@@ -134,28 +199,35 @@ pub fn run(args: ConfigArgs) -> Result<()> {
         ConfigCommand::Weight { file, id, weight } => (file, Edit::Weight(id, weight)),
         ConfigCommand::Eject { file, id } => (file, Edit::Eject(id)),
         ConfigCommand::Restore { file, id } => (file, Edit::Restore(id)),
+        ConfigCommand::Put { store, file, force } => return put(&store, &file, force),
+        ConfigCommand::Get { etcd } => return get(&etcd).map(|()| true),
     };
-    let text =
-        std::fs::read_to_string(&file.config).with_context(|| format!("cannot read {}", file.config.display()))?;
-    let mut edited =
-        edit_text(&text, file.pool.as_deref(), &edit).with_context(|| file.config.display().to_string())?;
-    if let Some((id, secs)) = drain {
-        if edited.after.redis {
-            anyhow::bail!(
-                "--drain keeps a memcached server as a warm-up source; pool {} is a Redis pool",
-                edited.after.name
-            );
+    let change = |text: &str| -> Result<chash::config_edit::Edited> {
+        let mut edited = edit_text(text, file.pool.as_deref(), &edit)?;
+        if let Some((id, secs)) = &drain {
+            if edited.after.redis {
+                anyhow::bail!(
+                    "--drain keeps a memcached server as a warm-up source; pool {} is a Redis pool",
+                    edited.after.name
+                );
+            }
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            edited.text = chash::config_edit::set_drain(&edited.text, &edited.after.name, id, now + secs)?;
         }
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        edited.text = chash::config_edit::set_drain(&edited.text, &edited.after.name, &id, now + secs)
-            .with_context(|| file.config.display().to_string())?;
+        if matches!(edit, Edit::Add(_)) {
+            // A server the proxy could not connect to would make the file
+            // one it refuses: say so now.
+            chash_proxy::check_servers(&edited.after)?;
+        }
+        Ok(edited)
+    };
+    if let Some(url) = &file.etcd {
+        return edit_stored(url, &file, change, &edit);
     }
-    if matches!(edit, Edit::Add(_)) {
-        // A server the proxy could not connect to would make the file one
-        // it refuses: say so now.
-        chash_proxy::check_servers(&edited.after).with_context(|| file.config.display().to_string())?;
-    }
-    let target = if file.in_place { Some(file.config.clone()) } else { file.output.clone() };
+    let Some(config) = &file.config else { anyhow::bail!("name the config: -c FILE or --etcd URL/PREFIX") };
+    let text = std::fs::read_to_string(config).with_context(|| format!("cannot read {}", config.display()))?;
+    let edited = change(&text).with_context(|| config.display().to_string())?;
+    let target = if file.in_place { Some(config.clone()) } else { file.output.clone() };
     match &target {
         Some(path) => {
             write_atomically(path, &edited.text).with_context(|| format!("cannot write {}", path.display()))?;
@@ -168,12 +240,67 @@ pub fn run(args: ConfigArgs) -> Result<()> {
     }
     if file.plan {
         let to = target.clone().unwrap_or_else(|| PathBuf::from("(standard output)"));
-        let plan = PlanArgs::labelled(file.config.clone(), to);
+        let plan = PlanArgs::labelled(config.clone(), to);
         if target.is_some() {
             report(&plan, edited.before, edited.after, &mut io::stdout().lock())?;
         } else {
             report(&plan, edited.before, edited.after, &mut io::stderr().lock())?;
         }
     }
-    Ok(())
+    Ok(true)
+}
+
+/// The change made to the config stored in etcd (compare-and-swap).
+#[cfg(feature = "etcd")]
+fn edit_stored(
+    url: &str,
+    file: &FileArgs,
+    change: impl Fn(&str) -> Result<chash::config_edit::Edited>,
+    edit: &Edit,
+) -> Result<bool> {
+    let (written, ok) = crate::etcd::edit(url, file.retry, file.wait, change, &edit.to_string())?;
+    if file.plan {
+        let key = url.parse::<chash_proxy::etcd::EtcdTarget>()?.config_key();
+        let plan = PlanArgs::labelled(
+            PathBuf::from(format!("{key}@{}", written.read)),
+            PathBuf::from(format!("{key}@{}", written.revision)),
+        );
+        report(&plan, written.edited.before, written.edited.after, &mut io::stdout().lock())?;
+    }
+    Ok(ok)
+}
+
+#[cfg(feature = "etcd")]
+fn put(store: &StoreArgs, file: &std::path::Path, force: bool) -> Result<bool> {
+    crate::etcd::put(&store.etcd, file, force, store.retry, store.wait)
+}
+
+#[cfg(feature = "etcd")]
+fn get(url: &str) -> Result<()> {
+    crate::etcd::get(url)
+}
+
+#[cfg(not(feature = "etcd"))]
+fn no_etcd() -> anyhow::Error {
+    anyhow::anyhow!("--etcd needs etcd support, which this chash was built without (cargo feature `etcd`)")
+}
+
+#[cfg(not(feature = "etcd"))]
+fn edit_stored(
+    _url: &str,
+    _file: &FileArgs,
+    _change: impl Fn(&str) -> Result<chash::config_edit::Edited>,
+    _edit: &Edit,
+) -> Result<bool> {
+    Err(no_etcd())
+}
+
+#[cfg(not(feature = "etcd"))]
+fn put(_store: &StoreArgs, _file: &std::path::Path, _force: bool) -> Result<bool> {
+    Err(no_etcd())
+}
+
+#[cfg(not(feature = "etcd"))]
+fn get(_url: &str) -> Result<()> {
+    Err(no_etcd())
 }

@@ -1,4 +1,5 @@
-//! `chash fleet check`: do the proxies of a fleet place keys alike? Each
+//! `chash fleet check` (and `chash fleet status --etcd`, in `etcd.rs`):
+//! do the proxies of a fleet place keys alike? Each
 //! proxy's admin endpoint reports, per pool, the membership version and
 //! the placement fingerprint; they must be equal everywhere (and equal to
 //! a config file's, when one is given).
@@ -46,6 +47,32 @@ Example:
         #[arg(short = 'c', long = "config", value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Every proxy registered in etcd against the stored config: applied
+    /// revision, membership versions and fingerprints; exit 1 when any
+    /// lags past --max-lag or disagrees.
+    #[command(after_help = "\
+A fleet on etcd (chash proxy --membership etcd://HOST:PORT/PREFIX): each proxy
+registers under PREFIX/proxies/<id> (with a lease: it goes when the proxy
+dies) the revision of PREFIX/config it applied and each pool's membership
+version and placement fingerprint. This prints them beside the stored
+config's own. A proxy behind the stored revision is given --max-lag SECS to
+catch up (a change may have just been made) before it counts as lagging.
+
+Exit 0 when every registered proxy runs the stored revision with the same
+versions and fingerprints, 1 when one lags, disagrees, or none is
+registered, 2 when etcd cannot be asked.
+
+Example:
+  chash fleet status --etcd etcd://10.0.0.1:2379/chash/web --max-lag 5")]
+    Status {
+        /// Where the config is stored: etcd://HOST:PORT[,HOST:PORT...]/PREFIX.
+        #[arg(long, value_name = "URL/PREFIX")]
+        etcd: String,
+        /// Seconds a proxy may stay behind the stored revision before it
+        /// counts as lagging.
+        #[arg(long, value_name = "SECS", default_value_t = 5.0)]
+        max_lag: f64,
+    },
 }
 
 /// One pool as one proxy (or the file) runs it.
@@ -58,7 +85,23 @@ struct Row {
 }
 
 pub fn run(args: FleetArgs) -> Result<bool> {
-    let FleetCommand::Check { urls, config } = args.command;
+    match args.command {
+        FleetCommand::Check { urls, config } => check(urls, config),
+        FleetCommand::Status { etcd, max_lag } => status(&etcd, max_lag),
+    }
+}
+
+#[cfg(feature = "etcd")]
+fn status(url: &str, max_lag: f64) -> Result<bool> {
+    crate::etcd::status(url, max_lag)
+}
+
+#[cfg(not(feature = "etcd"))]
+fn status(_url: &str, _max_lag: f64) -> Result<bool> {
+    bail!("--etcd needs etcd support, which this chash was built without (cargo feature `etcd`)")
+}
+
+fn check(urls: Vec<String>, config: Option<PathBuf>) -> Result<bool> {
     let mut rows: Vec<Row> = Vec::new();
     let mut problems: Vec<String> = Vec::new();
     let mut unreachable: Vec<String> = Vec::new();

@@ -10,6 +10,8 @@ mod analyze;
 mod bench;
 mod config_cmd;
 mod demo;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod fleet;
 mod hash;
 mod keys;
@@ -92,7 +94,11 @@ fn main() -> ExitCode {
         Command::Analyze(args) => analyze::run(args),
         Command::Plan(args) => plan::run(args),
         Command::Bench(args) => bench::run(args),
-        Command::Config(args) => config_cmd::run(args),
+        Command::Config(args) => match config_cmd::run(args) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
         Command::Fleet(args) => match fleet::run(args) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::from(1),

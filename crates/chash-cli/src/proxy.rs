@@ -47,6 +47,18 @@ parse, or that would renumber an anchor or jump pool, is refused and the
 last good config stays (the error is in /stats and /metrics). --no-watch
 turns this off.
 
+A fleet on etcd: --membership etcd://HOST:PORT[,HOST:PORT...]/PREFIX reads
+the config (the same YAML, every pool) from the key PREFIX/config instead of
+a file and watches it: every new revision is validated and applied as a
+reload (an invalid one is refused, the last good config stays, and the error
+is in /stats and /metrics). An etcd outage changes nothing: the proxy keeps
+serving and resumes the watch where it left off. The proxy registers under
+PREFIX/proxies/ID with a lease (its admin URL, applied revision and
+fingerprints: `chash fleet status --etcd`). With --membership-cache FILE it
+keeps the last applied config there and starts from it when etcd is
+unreachable; without one it then refuses to start. Change the membership
+with `chash config ... --etcd`; the admin endpoint's changes are refused.
+
 Signals: SIGHUP reopens the log file (-o) and re-reads the config file
 (servers and placement change live; only the changed servers' keys move);
 SIGTTIN raises and SIGTTOU lowers the log level by one; SIGUSR1 and SIGUSR2
@@ -57,7 +69,8 @@ Examples:
   chash proxy                                   # embedded default
   chash proxy -c nutcracker.yml -s 22222 -o /var/log/chash.log -p /run/chash.pid -d
   chash proxy -c nutcracker.yml --test-conf
-  chash proxy -c nutcracker.yml --persist --admin 0.0.0.0:22223 --admin-token-file /etc/chash/token"
+  chash proxy -c nutcracker.yml --persist --admin 0.0.0.0:22223 --admin-token-file /etc/chash/token
+  chash proxy --membership etcd://10.0.0.1:2379,10.0.0.2:2379/chash/web --membership-cache /var/lib/chash/web.yml"
 )]
 pub struct ProxyArgs {
     /// twemproxy-style YAML config file (every pool in it is served).
@@ -173,6 +186,33 @@ pub struct ProxyArgs {
     /// its own, use all cores.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
+
+    /// Follow a fleet's membership in etcd instead of a file: the config
+    /// (the same YAML, every pool) is read from the key PREFIX/config and
+    /// watched; every new revision is validated and applied as a reload.
+    #[arg(
+        long,
+        value_name = "etcd://HOST:PORT[,HOST:PORT...]/PREFIX",
+        conflicts_with_all = ["config", "persist", "test_conf"]
+    )]
+    membership: Option<String>,
+
+    /// With --membership: the last good config this proxy applied, written
+    /// (atomically) after every applied revision; when etcd is unreachable
+    /// at start, the proxy starts from it (and says so).
+    #[arg(long, value_name = "FILE", requires = "membership")]
+    membership_cache: Option<PathBuf>,
+
+    /// With --membership: this proxy's id under PREFIX/proxies/. Default:
+    /// HOSTNAME-PORT of the admin endpoint (HOSTNAME-pidPID without one).
+    #[arg(long, value_name = "ID", requires = "membership")]
+    proxy_id: Option<String>,
+
+    /// Serve pool POOL on ADDR instead of the config's `listen` (repeatable):
+    /// several proxies from one stored config on one host. The config's
+    /// `listen` stays the fleet-wide default.
+    #[arg(long = "listen-override", value_name = "POOL=ADDR")]
+    listen_override: Vec<String>,
 
     /// Memory bound of each embedded shard, in MiB (embedded default only).
     #[arg(long, value_name = "MIB", default_value_t = 64, conflicts_with = "config")]
@@ -291,14 +331,20 @@ impl Log {
 
 fn load(path: &Path) -> Result<Vec<PoolConfig>> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let config = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
+    load_text(&text, &path.display().to_string())
+}
+
+/// Every pool of config `text` (from `origin`), checked as the proxy
+/// starts them.
+fn load_text(text: &str, origin: &str) -> Result<Vec<PoolConfig>> {
+    let config = Config::from_yaml(text).with_context(|| origin.to_owned())?;
     let mut pools = Vec::new();
     for (name, _) in &config.pools {
         let pool = config.pool(Some(name))?;
         if pool.distribution != chash::Distribution::Random {
-            pool.snapshot().with_context(|| format!("{}: pool {name:?}", path.display()))?;
+            pool.snapshot().with_context(|| format!("{origin}: pool {name:?}"))?;
         }
-        chash_proxy::check_servers(&pool).with_context(|| path.display().to_string())?;
+        chash_proxy::check_servers(&pool).with_context(|| origin.to_owned())?;
         pools.push(pool);
     }
     Ok(pools)
@@ -321,6 +367,111 @@ fn anchor_advice(pool: &PoolConfig) -> Option<String> {
             (2 * servers).next_power_of_two().max(16)
         )
     })
+}
+
+/// `--listen-override POOL=ADDR` flags, by pool.
+fn listen_overrides(flags: &[String]) -> Result<HashMap<String, String>> {
+    let mut overrides = HashMap::new();
+    for flag in flags {
+        let (pool, addr) = flag
+            .split_once('=')
+            .filter(|(p, a)| !p.is_empty() && !a.is_empty())
+            .with_context(|| format!("--listen-override {flag:?}: write POOL=ADDR, e.g. web=127.0.0.1:22121"))?;
+        if overrides.insert(pool.to_owned(), addr.to_owned()).is_some() {
+            bail!("--listen-override names pool {pool} twice");
+        }
+    }
+    Ok(overrides)
+}
+
+/// Applies the listen overrides to the pools; an override for a pool the
+/// config lacks is an error.
+fn override_listen(pools: &mut [PoolConfig], overrides: &HashMap<String, String>) -> Result<()> {
+    for (name, addr) in overrides {
+        let Some(pool) = pools.iter_mut().find(|p| p.name == *name) else {
+            let names: Vec<&str> = pools.iter().map(|p| p.name.as_str()).collect();
+            bail!("--listen-override names pool {name}, which the config does not have (it has {})", names.join(", "));
+        };
+        pool.listen.clone_from(addr);
+    }
+    Ok(())
+}
+
+/// A proxy following etcd: the follower task, stopped before the proxy.
+#[cfg(feature = "etcd")]
+type Follower = chash_proxy::etcd::Follower;
+
+/// Without the etcd feature there is nothing to follow.
+#[cfg(not(feature = "etcd"))]
+struct Follower;
+
+#[cfg(not(feature = "etcd"))]
+impl Follower {
+    async fn stop(self) {}
+}
+
+/// Where `--membership` says to start from: the stored config, or the
+/// cache file when etcd is unreachable.
+#[cfg(feature = "etcd")]
+async fn membership_start(
+    url: &str,
+    cache: Option<&Path>,
+) -> Result<(chash_proxy::etcd::EtcdTarget, chash_proxy::etcd::Start, Vec<PoolConfig>)> {
+    use chash_proxy::etcd::{self, EtcdError, Start};
+    let target: etcd::EtcdTarget = url.parse()?;
+    let key = target.config_key();
+    let read = async {
+        let mut client = etcd::connect(&target).await?;
+        etcd::read_config(&mut client, &target).await
+    };
+    let unreachable = match read.await {
+        Ok(stored) => {
+            let origin = format!("etcd {key} revision {}", stored.revision);
+            match load_text(&stored.text, &origin) {
+                Ok(pools) => {
+                    let start = Start {
+                        text: stored.text,
+                        revision: stored.revision,
+                        read_at: stored.read_at,
+                        from_cache: false,
+                    };
+                    return Ok((target, start, pools));
+                }
+                Err(e) if cache.is_none() => {
+                    bail!("cannot start: the config at {origin} is invalid ({e:#}); fix it with `chash config put --etcd {target} FILE`")
+                }
+                Err(e) => format!("the config at {origin} is invalid ({e:#})"),
+            }
+        }
+        Err(e @ EtcdError::Etcd { .. }) => e.to_string(),
+        Err(e) => bail!("cannot start: {e}"),
+    };
+    let Some(cache) = cache else {
+        bail!("cannot start: {unreachable}, and there is no --membership-cache FILE to start from");
+    };
+    let (revision, text) = etcd::read_cache(cache)
+        .map_err(|e| anyhow::anyhow!("cannot start: {unreachable}, and the membership cache cannot be used: {e}"))?;
+    let pools = load_text(&text, &cache.display().to_string())
+        .with_context(|| format!("cannot start: {unreachable}, and the membership cache is invalid"))?;
+    tracing::warn!(
+        "{unreachable}: starting from the membership cache {} (revision {revision}); following etcd once it answers",
+        cache.display()
+    );
+    Ok((target, Start { text, revision, read_at: revision, from_cache: true }, pools))
+}
+
+/// The default proxy id: the host's name and the admin port (or pid).
+#[cfg(feature = "etcd")]
+fn default_proxy_id(admin: Option<SocketAddr>) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    match admin {
+        Some(a) => format!("{host}-{}", a.port()),
+        None => format!("{host}-pid{}", std::process::id()),
+    }
 }
 
 /// The name the command was called by: `nutcracker` or `chash`.
@@ -469,9 +620,29 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
     }
     options.lenient_keys = args.lenient_keys;
     options.threads = Some(threads);
+    options.listen_overrides = listen_overrides(&args.listen_override)?;
+    if !options.listen_overrides.is_empty() && args.config.is_none() && args.membership.is_none() {
+        bail!("--listen-override applies to the pools of a config (-c FILE or --membership); the embedded default takes --listen");
+    }
+    #[cfg(feature = "etcd")]
+    let mut membership = None;
+    #[cfg(not(feature = "etcd"))]
+    if args.membership.is_some() {
+        bail!("--membership needs etcd support, which this chash was built without (cargo feature `etcd`)");
+    }
     let (specs, embedded) = match &args.config {
         Some(path) => {
-            (load(path)?.into_iter().map(|config| PoolSpec { config, addresses: HashMap::new() }).collect(), None)
+            let mut pools = load(path)?;
+            override_listen(&mut pools, &options.listen_overrides)?;
+            (pools.into_iter().map(|config| PoolSpec { config, addresses: HashMap::new() }).collect(), None)
+        }
+        #[cfg(feature = "etcd")]
+        None if args.membership.is_some() => {
+            let url = args.membership.as_deref().unwrap_or_default();
+            let (target, start, mut pools) = membership_start(url, args.membership_cache.as_deref()).await?;
+            override_listen(&mut pools, &options.listen_overrides)?;
+            membership = Some((target, start));
+            (pools.into_iter().map(|config| PoolSpec { config, addresses: HashMap::new() }).collect(), None)
         }
         None => {
             let (spec, shutdown) = embedded_pool(args.shard_memory << 20, &args.listen).await?;
@@ -482,6 +653,27 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
         tracing::warn!("{advice}");
     }
     let running = chash_proxy::start(specs, options).await?;
+    #[cfg(feature = "etcd")]
+    let follower: Option<Follower> = membership.map(|(target, start)| {
+        let proxy_id = args.proxy_id.clone().unwrap_or_else(|| default_proxy_id(running.admin));
+        eprintln!(
+            "chash proxy: membership from {target} (key {}, revision {}{}), registered as {}{proxy_id}",
+            target.config_key(),
+            start.revision,
+            if start.from_cache { ", from the cache: etcd is unreachable" } else { "" },
+            target.proxies_prefix(),
+        );
+        let follow = chash_proxy::etcd::Follow {
+            target,
+            proxy_id,
+            admin: running.admin.map(|a| format!("http://{a}")),
+            cache: args.membership_cache.clone(),
+            start,
+        };
+        chash_proxy::etcd::follow(running.registry.clone(), follow)
+    });
+    #[cfg(not(feature = "etcd"))]
+    let follower: Option<Follower> = None;
     if let Some(path) = &args.pid_file {
         std::fs::write(path, format!("{}\n", std::process::id()))
             .with_context(|| format!("cannot write pid file {}", path.display()))?;
@@ -493,6 +685,9 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
     }
     let outcome = signals.wait(&running, &log).await;
     tracing::info!("shutting down: finishing in-flight requests");
+    if let Some(f) = follower {
+        f.stop().await;
+    }
     running.shutdown().await;
     if let Some(stop) = embedded {
         let _ = stop.send(true);
@@ -548,7 +743,11 @@ fn announce(running: &Running, embedded: bool, log_file: bool) {
     if let Some(admin) = running.admin {
         eprintln!("chash proxy: admin on http://{admin}  (curl http://{admin}/stats)");
     }
-    eprintln!("chash proxy: SIGHUP reloads the config and reopens the log, Ctrl-C stops");
+    if running.registry.membership().is_some() {
+        eprintln!("chash proxy: SIGHUP reopens the log (the config follows etcd), Ctrl-C stops");
+    } else {
+        eprintln!("chash proxy: SIGHUP reloads the config and reopens the log, Ctrl-C stops");
+    }
 }
 
 /// The signals the proxy handles, registered.

@@ -156,6 +156,17 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
         ("GET", ["metrics"]) => {
             Response { status: 200, content_type: "text/plain; version=0.0.4", body: metrics(registry) }
         }
+        (method, ["reload"] | ["pools", _, "servers", ..]) if method != "GET" && registry.membership().is_some() => {
+            let m = registry.membership().unwrap_or_default();
+            error(
+                409,
+                format!(
+                    "this proxy's membership comes from {} {} and follows it: change it there (chash config \
+                     add|remove|weight|eject|restore --etcd URL/PREFIX ...), every proxy then applies it",
+                    m.source, m.key
+                ),
+            )
+        }
         ("POST", ["reload"]) => match registry.reload() {
             Ok(results) => {
                 let list: Vec<Value> = results
@@ -270,9 +281,17 @@ fn pool_json(p: &PoolSnapshot, counters: bool) -> Value {
 }
 
 fn stats_json(registry: &Registry, counters: bool) -> Value {
-    let pools: Vec<Value> = registry.stats().iter().map(|p| pool_json(p, counters)).collect();
+    let membership = registry.membership();
+    let mut pools: Vec<Value> = registry.stats().iter().map(|p| pool_json(p, counters)).collect();
+    if let Some(m) = &membership {
+        // The membership version from a store: its revision with the
+        // placement's hash.
+        for p in &mut pools {
+            p["membership_revision"] = json!(m.revision);
+        }
+    }
     let c = registry.config_status();
-    json!({
+    let mut v = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": registry.shared.started.elapsed().as_secs(),
         "config": {
@@ -284,7 +303,25 @@ fn stats_json(registry: &Registry, counters: bool) -> Value {
             "last_error": c.last_error,
         },
         "pools": pools,
-    })
+    });
+    if let Some(m) = membership {
+        v["membership"] = json!({
+            "source": m.source,
+            "endpoints": m.endpoints,
+            "key": m.key,
+            "revision": m.revision,
+            "config_hash": m.config_hash,
+            "connected": m.connected,
+            "cache_used": m.cache_used,
+            "last_error": m.last_error,
+            "invalid_revisions": m.invalid_revisions,
+            "applied_revisions": m.applied_revisions,
+            "reconnects": m.reconnects,
+            "proxy_id": m.proxy_id,
+            "registered": m.registered,
+        });
+    }
+    v
 }
 
 fn label(v: &str) -> String {
@@ -324,6 +361,38 @@ fn metrics(registry: &Registry) -> String {
     let _ = writeln!(out, "# HELP chash_config_last_reload_ok 1 when the last reload was applied (or none was tried), 0 when it was refused.");
     let _ = writeln!(out, "# TYPE chash_config_last_reload_ok gauge");
     let _ = writeln!(out, "chash_config_last_reload_ok {}", u8::from(c.last_error.is_none()));
+    if let Some(m) = registry.membership() {
+        let _ = writeln!(out, "# HELP chash_membership_revision The revision of the stored config this proxy applied.");
+        let _ = writeln!(out, "# TYPE chash_membership_revision gauge");
+        let _ = writeln!(out, "chash_membership_revision{{source=\"{}\"}} {}", label(&m.source), m.revision);
+        let _ = writeln!(out, "# HELP chash_membership_connected 1 while the membership store is reachable.");
+        let _ = writeln!(out, "# TYPE chash_membership_connected gauge");
+        let _ =
+            writeln!(out, "chash_membership_connected{{source=\"{}\"}} {}", label(&m.source), u8::from(m.connected));
+        let _ = writeln!(out, "# HELP chash_membership_cache_used 1 while the proxy serves the config of its cache file (the store was unreachable at start).");
+        let _ = writeln!(out, "# TYPE chash_membership_cache_used gauge");
+        let _ =
+            writeln!(out, "chash_membership_cache_used{{source=\"{}\"}} {}", label(&m.source), u8::from(m.cache_used));
+        let _ = writeln!(out, "# HELP chash_membership_invalid_revisions_total Stored config revisions refused (invalid); the last good config stays.");
+        let _ = writeln!(out, "# TYPE chash_membership_invalid_revisions_total counter");
+        let _ = writeln!(
+            out,
+            "chash_membership_invalid_revisions_total{{source=\"{}\"}} {}",
+            label(&m.source),
+            m.invalid_revisions
+        );
+        let _ = writeln!(out, "# HELP chash_membership_applied_revisions_total Stored config revisions applied.");
+        let _ = writeln!(out, "# TYPE chash_membership_applied_revisions_total counter");
+        let _ = writeln!(
+            out,
+            "chash_membership_applied_revisions_total{{source=\"{}\"}} {}",
+            label(&m.source),
+            m.applied_revisions
+        );
+        let _ = writeln!(out, "# HELP chash_membership_reconnects_total Times the connection to the membership store was lost and made again.");
+        let _ = writeln!(out, "# TYPE chash_membership_reconnects_total counter");
+        let _ = writeln!(out, "chash_membership_reconnects_total{{source=\"{}\"}} {}", label(&m.source), m.reconnects);
+    }
     let pools = registry.stats();
     let _ = writeln!(out, "# HELP chash_pool_membership_info The pool's membership version and placement fingerprint (equal on proxies that place keys alike).");
     let _ = writeln!(out, "# TYPE chash_pool_membership_info gauge");
@@ -382,6 +451,7 @@ async fn write(stream: &mut TcpStream, r: Response) -> std::io::Result<()> {
         400 => "Bad Request",
         401 => "Unauthorized",
         404 => "Not Found",
+        409 => "Conflict",
         413 => "Payload Too Large",
         431 => "Request Header Fields Too Large",
         _ => "Error",

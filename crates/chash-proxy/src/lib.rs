@@ -9,7 +9,13 @@
 //!   admin endpoint and the stats port; graceful shutdown.
 //! - `admin` (the HTTP admin endpoint) and `twemproxy_stats` (twemproxy's
 //!   stats document): renderings of the registry's counters.
-//! - `registry`: the running pools by name, and reloading them.
+//! - [`etcd`] (cargo feature `etcd`, on by default): a fleet's membership
+//!   in etcd: the stored config followed (watched, validated, applied
+//!   through the registry), the proxy's lease-kept report, and the
+//!   compare-and-swap writes and reads `chash config --etcd` and `chash
+//!   fleet status` use.
+//! - `registry`: the running pools by name, and reloading them (from the
+//!   file, or a whole config from etcd, all or nothing).
 //! - [`memcache`] and [`redis`]: one folder per protocol, each owning its
 //!   bytes (requests, replies, the backend framings) and its client
 //!   session. They never import each other.
@@ -29,6 +35,8 @@
 mod admin;
 mod backend;
 mod conn;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod memcache;
 mod options;
 mod pool;
@@ -46,6 +54,6 @@ pub use memcache::shard as embedded;
 pub use options::{ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER};
 pub use pool::{check_servers, Change, Pool, PoolError};
 pub use proxy::{start, PoolSpec, Running, StartError};
-pub use registry::{PoolReload, Registry, ReloadError};
+pub use registry::{MembershipStatus, PoolReload, Registry, ReloadError};
 pub use stats::{PoolSnapshot, ServerSnapshot};
 pub use twemproxy_stats::describe as describe_stats;

@@ -79,6 +79,10 @@ pub struct ProxyOptions {
     /// worker threads; connections run on the runtime that calls
     /// [`start`](crate::start).
     pub threads: Option<usize>,
+    /// Pool name to listen address, in place of the config's `listen`
+    /// (several proxies from one stored config on one host). Defaults to
+    /// none.
+    pub listen_overrides: std::collections::HashMap<String, String>,
 }
 
 impl Default for ProxyOptions {
@@ -98,6 +102,7 @@ impl Default for ProxyOptions {
             drain: DEFAULT_DRAIN,
             lenient_keys: false,
             threads: None,
+            listen_overrides: std::collections::HashMap::new(),
         }
     }
 }

@@ -699,10 +699,27 @@ impl Pool {
     /// ([`PoolConfig::check_reload`]) or a placement that cannot be built;
     /// the pool is then unchanged.
     pub fn reload(&self, new: PoolConfig) -> Result<Change, PoolError> {
+        self.reload_checked(new, true)
+    }
+
+    /// As [`Pool::reload`], without refusing a config that renumbers an
+    /// order-dependent placement: for a config stored elsewhere (etcd),
+    /// which every proxy applies as a fresh build, whatever revisions it
+    /// missed.
+    ///
+    /// # Errors
+    /// A placement that cannot be built; the pool is then unchanged.
+    pub fn reload_stored(&self, new: PoolConfig) -> Result<Change, PoolError> {
+        self.reload_checked(new, false)
+    }
+
+    fn reload_checked(&self, new: PoolConfig, check: bool) -> Result<Change, PoolError> {
         let mut config = self.lock();
         let old = self.state.load_full();
         let err = |source| PoolError::Placement { pool: self.name.clone(), source };
-        config.check_reload(&new).map_err(err)?;
+        if check {
+            config.check_reload(&new).map_err(err)?;
+        }
         let members = self.members_for(&new, &old.members)?;
         let state = self.state_for(&new, members)?;
         // Servers this reload removes that the file drains: their window.

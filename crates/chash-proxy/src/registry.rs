@@ -39,6 +39,13 @@ pub enum ReloadError {
         /// Why.
         source: chash::Error,
     },
+    /// A config from elsewhere (etcd) is not valid: nothing was applied.
+    Invalid {
+        /// Where it came from (`etcd /chash/config revision 42`).
+        origin: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 impl fmt::Display for ReloadError {
@@ -47,6 +54,7 @@ impl fmt::Display for ReloadError {
             ReloadError::NoConfigFile => f.write_str("no config file to reload"),
             ReloadError::Read { path, source } => write!(f, "cannot read {}: {source}", path.display()),
             ReloadError::Config { path, source } => write!(f, "{}: {source}", path.display()),
+            ReloadError::Invalid { origin, reason } => write!(f, "{origin}: {reason}"),
         }
     }
 }
@@ -62,6 +70,50 @@ pub struct Registry {
     pub shared: Arc<Shared>,
     pools: RwLock<Vec<Arc<Pool>>>,
     file: FileState,
+    /// Where the membership comes from when it is not the file (etcd).
+    membership: Mutex<Option<MembershipStatus>>,
+}
+
+/// The state of a membership source other than the config file (etcd), as
+/// the task that follows it reports it; shown in `/stats` and `/metrics`.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct MembershipStatus {
+    /// What it is: `etcd`.
+    pub source: String,
+    /// Where it is reached (`http://HOST:PORT`, ...).
+    pub endpoints: Vec<String>,
+    /// The key of the stored config (`PREFIX/config`).
+    pub key: String,
+    /// The revision of the config the proxy applied (the key's
+    /// `mod_revision`): the membership version, with `config_hash`.
+    pub revision: i64,
+    /// A hash of the applied config's text (16 hex digits).
+    pub config_hash: String,
+    /// Whether the source is reachable now.
+    pub connected: bool,
+    /// Whether the proxy started from its cache file because the source
+    /// was unreachable (until the source is reached again).
+    pub cache_used: bool,
+    /// Why the last revision was refused, or the source is unreachable.
+    pub last_error: Option<String>,
+    /// Revisions refused (invalid configs, a deleted key).
+    pub invalid_revisions: u64,
+    /// Revisions applied since the proxy started.
+    pub applied_revisions: u64,
+    /// Times the connection to the source was lost and made again.
+    pub reconnects: u64,
+    /// This proxy's id under `PREFIX/proxies/`.
+    pub proxy_id: String,
+    /// Whether this proxy's registration (its lease) is live.
+    pub registered: bool,
+}
+
+impl MembershipStatus {
+    /// A status for `source` at `endpoints`, config key `key`.
+    pub fn new(source: &str, endpoints: Vec<String>, key: String) -> MembershipStatus {
+        MembershipStatus { source: source.to_owned(), endpoints, key, ..MembershipStatus::default() }
+    }
 }
 
 /// What the proxy knows of its config file.
@@ -103,7 +155,8 @@ fn content_hash(text: &str) -> u64 {
 
 impl Registry {
     pub(crate) fn new(shared: Arc<Shared>, pools: Vec<Arc<Pool>>) -> Registry {
-        let registry = Registry { shared, pools: RwLock::new(pools), file: FileState::default() };
+        let registry =
+            Registry { shared, pools: RwLock::new(pools), file: FileState::default(), membership: Mutex::new(None) };
         if let Some(text) = registry.shared.options.config_path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
             registry.file.known.store(content_hash(&text), Relaxed);
         }
@@ -122,6 +175,93 @@ impl Registry {
             persist: o.persist && o.config_path.is_some(),
             watch: o.watch_config && o.config_path.is_some(),
         }
+    }
+
+    /// The state of the membership source other than the file (etcd), if
+    /// the proxy follows one.
+    pub fn membership(&self) -> Option<MembershipStatus> {
+        self.membership.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Sets the membership source's state (the proxy then follows it, not
+    /// the file: membership changes through the admin endpoint are
+    /// refused).
+    pub fn set_membership(&self, status: MembershipStatus) {
+        *self.membership.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+    }
+
+    /// Changes the membership source's state in place (nothing when there
+    /// is none).
+    pub fn update_membership(&self, change: impl FnOnce(&mut MembershipStatus)) {
+        if let Some(status) = self.membership.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+            change(status);
+        }
+    }
+
+    /// Applies a whole config from a source other than the file (etcd),
+    /// all or nothing: every pool of `text` must parse, build its placement
+    /// and have reachable server addresses before any pool changes. Each
+    /// pool then becomes what a fresh build of `text` is (a pool whose
+    /// config is unchanged is left alone); the renumbering check of file
+    /// reloads does not apply, since every proxy applies the same stored
+    /// config whatever revisions it missed. `origin` names the config in
+    /// errors.
+    ///
+    /// # Errors
+    /// [`ReloadError::Invalid`] when `text` is not a config every pool
+    /// accepts; nothing changed then.
+    pub fn apply_config(&self, origin: &str, text: &str) -> Result<Vec<PoolReload>, ReloadError> {
+        let invalid = |reason: String| ReloadError::Invalid { origin: origin.to_owned(), reason };
+        let configs = self.validate(text).map_err(invalid)?;
+        let _file = self.file.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut results = Vec::new();
+        for new in configs {
+            let name = new.name.clone();
+            let result = match self.pool(&name) {
+                Some(pool) if pool.config() == new => continue,
+                Some(pool) => {
+                    if new.listen != pool.settings.listen {
+                        tracing::warn!(pool = %name, "listen address changed: takes effect after a restart");
+                    }
+                    pool.reload_stored(new)
+                }
+                None => Err(PoolError::NeedsRestart { pool: name.clone(), what: "new: it is served after a restart" }),
+            };
+            results.push((name, result));
+        }
+        Ok(results)
+    }
+
+    /// Every pool of config `text`, listen overrides applied, checked as a
+    /// proxy start checks them; or why not.
+    fn validate(&self, text: &str) -> Result<Vec<PoolConfig>, String> {
+        let config = Config::from_yaml(text).map_err(|e| e.to_string())?;
+        let mut pools = Vec::new();
+        for (name, _) in &config.pools {
+            let mut pool = config.pool(Some(name)).map_err(|e| e.to_string())?;
+            if let Some(listen) = self.shared.options.listen_overrides.get(name) {
+                pool.listen.clone_from(listen);
+            }
+            if pool.distribution != chash::Distribution::Random {
+                pool.snapshot().map_err(|e| format!("pool {name:?}: {e}"))?;
+            }
+            crate::pool::check_servers(&pool).map_err(|e| e.to_string())?;
+            if let Some(running) = self.pool(name) {
+                if running.settings.redis != pool.redis {
+                    return Err(format!(
+                        "pool {name:?}: its protocol changed (redis: {}): that needs a restart",
+                        pool.redis
+                    ));
+                }
+            }
+            pools.push(pool);
+        }
+        for pool in self.pools() {
+            if !pools.iter().any(|p| p.name == pool.name) {
+                tracing::warn!(pool = %pool.name, "gone from the config: still served until a restart");
+            }
+        }
+        Ok(pools)
     }
 
     /// Applies a membership edit to pool `pool`, written back to the config
@@ -248,8 +388,11 @@ impl Registry {
         let config = Config::from_yaml(text).map_err(|source| ReloadError::Config { path: path.clone(), source })?;
         let mut results = Vec::new();
         for (name, _) in &config.pools {
-            let pool_config =
+            let mut pool_config =
                 config.pool(Some(name)).map_err(|source| ReloadError::Config { path: path.clone(), source })?;
+            if let Some(listen) = self.shared.options.listen_overrides.get(name) {
+                pool_config.listen.clone_from(listen);
+            }
             let result = match self.pool(name) {
                 Some(pool) => {
                     if pool_config.listen != pool.settings.listen {
