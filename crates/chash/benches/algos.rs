@@ -14,7 +14,9 @@
 //!   hash-rings' jump); maglev's and hash-rings' rendezvous hashers fold the
 //!   u64 with a multiply (an identity would collapse maglev's node
 //!   permutations, and give every rendezvous node the same score, since they
-//!   hash node ids with the same hasher); hash-rings' maglev and mpc and
+//!   hash node ids with the same hasher), and
+//!   `hash-rings/rendezvous/default_hasher` is that crate as `Ring::new()`
+//!   builds it (SipHash-1-3 with random keys); hash-rings' maglev and mpc and
 //!   mpchash hash the u64 with
 //!   their own fixed hashers (SipHash, SipHash, xxh3), so their figures
 //!   include that hash.
@@ -144,6 +146,14 @@ fn from_u64_group(g: &mut Group<'_>, n: usize, hashes: &[u64]) {
         hr_rv.insert_node(id, 1);
     }
     bench_inputs(g, "hash-rings/rendezvous", hashes, |h| *hr_rv.get_node(&h));
+    drop(hr_rv);
+    // The same crate as its users get it: `Ring::new()`, SipHash-1-3 with
+    // random keys (RandomState), whose scores mix properly.
+    let mut hr_rv = hash_rings::rendezvous::Ring::new();
+    for id in &ids {
+        hr_rv.insert_node(id, 1);
+    }
+    bench_inputs(g, "hash-rings/rendezvous/default_hasher", hashes, |h| *hr_rv.get_node(&h));
     drop(hr_rv);
     let weighted = Rendezvous::new(nodes(n)).unwrap().with_weight("node-0", 2).unwrap();
     bench_inputs(g, "chash/rendezvous_weighted", hashes, |h| weighted.locate_hash(h));
