@@ -68,6 +68,7 @@ pub fn edit(
         let written = loop {
             let stored = etcd::read_config(&mut client, &target).await?;
             let edited = change(&stored.text).with_context(|| format!("{key} (revision {})", stored.revision))?;
+            test_barrier(attempt).await;
             match etcd::write_config(&mut client, &target, &edited.text, Some(stored.revision)).await {
                 Ok(revision) => break Written { edited, read: stored.revision, revision },
                 Err(e @ EtcdError::Conflict { .. }) if attempt < retry => {
@@ -87,6 +88,20 @@ pub fn edit(
         };
         Ok((written, ok))
     })
+}
+
+/// The race test's hook between a writer's read and its compare-and-swap:
+/// with `CHASH_TEST_EDIT_BARRIER=DIR` set, the writer creates
+/// `DIR/read-PID-ATTEMPT` and waits (up to 30 s) for `DIR/go` to exist, so
+/// that a test can make two writers read the same revision before either
+/// writes. Unset (always, outside that test), it does nothing.
+async fn test_barrier(attempt: u32) {
+    let Some(dir) = std::env::var_os("CHASH_TEST_EDIT_BARRIER").map(std::path::PathBuf::from) else { return };
+    let _ = std::fs::write(dir.join(format!("read-{}-{attempt}", std::process::id())), b"");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !dir.join("go").exists() && Instant::now() < deadline {
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// `chash config put --etcd URL/PREFIX FILE`: validated, then written with
@@ -110,6 +125,7 @@ pub fn put(url: &str, file: &std::path::Path, force: bool, retry: u32, wait: Opt
                 check_renumbering(stored, &new, &key)?;
             }
             let expected = read.as_ref().map(|s| s.revision);
+            test_barrier(attempt).await;
             match etcd::write_config(&mut client, &target, &text, expected).await {
                 Ok(revision) => break (expected, revision),
                 Err(e @ EtcdError::Conflict { .. }) if attempt < retry => {
@@ -245,7 +261,9 @@ pub fn status(url: &str, max_lag: f64) -> Result<bool> {
             let proxies = etcd::read_proxies(&mut client, &target).await?;
             let out_of_time = started.elapsed() >= limit;
             if proxies.iter().any(|p| p.revision > stored.revision) && !out_of_time {
-                continue; // changed between the two reads
+                // Changed between the two reads: read both again.
+                tokio::time::sleep(POLL).await;
+                continue;
             }
             if proxies.iter().all(|p| p.revision == stored.revision) || out_of_time {
                 break (stored, proxies);

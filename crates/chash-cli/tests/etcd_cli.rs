@@ -745,40 +745,219 @@ fn racing_writers_lose_nothing_silently() {
     let file = dir.path("race.yml");
     std::fs::write(&file, "web:\n  distribution: ring\n  servers:\n   - 127.0.0.1:1:1\n").unwrap();
     run_ok(&["config", "put", "--etcd", &url, file.to_str().unwrap()]);
-    let mut told = 0;
+    let (mut told, mut retried) = (0, 0);
     let mut claimed = Vec::new();
     for round in 0..20 {
-        // Half the rounds retry on a conflict, half do not.
+        // Both writers read the same revision before either writes (the
+        // CLI's test barrier holds each one after its read until `go`
+        // exists), so every round is a real race: one compare-and-swap
+        // wins, the other finds the revision changed. Half the rounds
+        // retry on a conflict, half do not.
+        let barrier = dir.path(&format!("barrier-{round}"));
+        std::fs::create_dir_all(&barrier).unwrap();
         let retry = if round % 2 == 0 { "0" } else { "5" };
         let writers: Vec<_> = [2, 3]
             .into_iter()
             .map(|host| {
                 let line = format!("127.0.0.{host}:{}:1", 1000 + round);
-                let url = url.clone();
+                let (url, barrier) = (url.clone(), barrier.clone());
                 thread::spawn(move || {
-                    let out = chash(&["config", "add", "--etcd", &url, &line, "--retry", retry], b"");
+                    let out = Command::new(env!("CARGO_BIN_EXE_chash"))
+                        .args(["config", "add", "--etcd", &url, &line, "--retry", retry])
+                        .env("CHASH_TEST_EDIT_BARRIER", &barrier)
+                        .stdin(Stdio::null())
+                        .output()
+                        .unwrap();
                     (line, out)
                 })
             })
             .collect();
+        let first_reads = |b: &Path| {
+            std::fs::read_dir(b)
+                .unwrap()
+                .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with("-0"))
+                .count()
+        };
+        eventually(30, "both writers read the config", || first_reads(&barrier) == 2);
+        std::fs::write(barrier.join("go"), b"").unwrap();
+        let mut won = 0;
         for w in writers {
             let (line, out) = w.join().unwrap();
+            let err = stderr(&out);
             if out.status.success() {
                 claimed.push(line);
+                won += 1;
+                retried += usize::from(err.contains("retrying (1 of 5)"));
             } else {
-                let err = stderr(&out);
                 assert!(err.contains("conflict:") && err.contains("--retry"), "round {round}: {err}");
                 assert_eq!(retry, "0", "a writer with --retry 5 gave up: {err}");
                 told += 1;
             }
         }
+        assert_eq!(won, if retry == "0" { 1 } else { 2 }, "round {round}");
     }
     let stored = run_ok(&["config", "get", "--etcd", &url]);
     for line in &claimed {
         assert!(stored.contains(&format!("- {line}")), "{line} was acknowledged but is not stored:\n{stored}");
     }
-    assert_eq!(claimed.len() + told, 40);
-    eprintln!("{} changes stored, {told} writers told of a conflict", claimed.len());
+    // Every race had a loser: told of the conflict (no --retry) or retried.
+    assert_eq!((claimed.len(), told, retried), (30, 10, 10));
+    assert_eq!(stored.matches("- 127.0.0.").count(), 1 + 30, "{stored}");
+}
+
+/// `chash config put` checks a whole file before it writes it: invalid
+/// YAML and an anchor pool renumbered are refused (`--force` uploads the
+/// renumbering anyway), and nothing is written meanwhile.
+#[test]
+fn config_put_refuses_what_a_proxy_would_refuse() {
+    let _serial = serial();
+    let dir = TempDir::new("put");
+    let etcd = Etcd::start(&dir);
+    let url = etcd.url("put");
+    let file = dir.path("put.yml");
+    let anchor = |servers: &[&str]| {
+        let mut text = String::from("web:\n  distribution: anchor\n  servers:\n");
+        for s in servers {
+            text.push_str(&format!("   - {s}:1\n"));
+        }
+        text
+    };
+    std::fs::write(&file, anchor(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])).unwrap();
+    run_ok(&["config", "put", "--etcd", &url, file.to_str().unwrap()]);
+    let revision = etcd.revision();
+
+    std::fs::write(&file, "web: [not, a, pool").unwrap();
+    let out = chash(&["config", "put", "--etcd", &url, file.to_str().unwrap()], b"");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("put.yml"), "{}", stderr(&out));
+
+    // The middle server's line deleted by hand: every later bucket moves.
+    std::fs::write(&file, anchor(&["127.0.0.1:1", "127.0.0.1:3"])).unwrap();
+    let out = chash(&["config", "put", "--etcd", &url, file.to_str().unwrap()], b"");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+    assert_eq!(etcd.revision(), revision, "a refused put wrote nothing");
+
+    run_ok(&["config", "put", "--etcd", &url, file.to_str().unwrap(), "--force"]);
+    assert!(etcd.revision() > revision);
+    assert!(!run_ok(&["config", "get", "--etcd", &url]).contains("127.0.0.1:2:1"));
+}
+
+/// The stored config as `chash config get` prints it: text, revision and
+/// config hash.
+fn stored(url: &str) -> (String, i64, String) {
+    let out = chash(&["config", "get", "--etcd", url], b"");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let header = stderr(&out);
+    let revision = header.split("revision ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    let hash = header.split("config hash ").nth(1).unwrap().trim_end().trim_end_matches(')').to_owned();
+    (stdout(&out), revision, hash)
+}
+
+/// A membership cache file's revision and body (the stored text).
+fn cached(path: &Path) -> Option<(i64, String)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let (header, body) = text.split_once('\n')?;
+    let revision = header.split(" revision ").nth(1)?.split_whitespace().next()?.parse().ok()?;
+    Some((revision, body.to_owned()))
+}
+
+/// A proxy that starts from its cache while etcd is out of its reach
+/// follows etcd once it answers: it applies the revision it missed (its
+/// watch resumed from the cached revision; nothing was compacted),
+/// rewrites its cache after every applied revision, and reports the stored
+/// config's hash. A running proxy cut off from etcd gets the change made
+/// meanwhile the same way. Killed outright (SIGKILL), it cannot withdraw
+/// its registration: that goes when its lease expires.
+#[test]
+fn a_proxy_started_from_its_cache_catches_up() {
+    let _serial = serial();
+    let dir = TempDir::new("catchup");
+    let etcd = Etcd::start(&dir);
+    let caches: Vec<Memcached> = (0..3).map(|_| Memcached::start()).collect();
+    let ids: Vec<String> = caches.iter().map(Memcached::id).collect();
+    let url = etcd.url("catchup");
+    let file = dir.path("catchup.yml");
+    let config = format!(
+        "web:\n  listen: 127.0.0.1:22121\n  distribution: ring\n  servers:\n   - {}:1\n   - {}:1\n",
+        ids[0], ids[1]
+    );
+    std::fs::write(&file, config).unwrap();
+    run_ok(&["config", "put", "--etcd", &url, file.to_str().unwrap()]);
+    let link = Link::start(etcd.client);
+    let cache = dir.path("p.cache");
+
+    // First run: the config read from etcd and cached.
+    let mut proxy = Proxy::start(&link.url("catchup"), "p", &cache, &["web"]);
+    let (text1, r1, hash1) = stored(&url);
+    eventually(10, "the cache is written", || cached(&cache).is_some_and(|c| c.0 == r1));
+    assert_eq!(cached(&cache).unwrap().1, text1);
+    assert_eq!(proxy.stats()["membership"]["config_hash"], Value::String(hash1.clone()));
+    proxy.kill();
+
+    // A server added while it is down; etcd out of its reach as it starts.
+    run_ok(&["config", "add", "--etcd", &url, &format!("{}:1", ids[2]), "--pool", "web"]);
+    let (text2, r2, hash2) = stored(&url);
+    assert!(r2 > r1 && hash2 != hash1);
+    link.cut();
+    proxy.spawn();
+    let m = proxy.stats()["membership"].clone();
+    assert_eq!((m["cache_used"].clone(), m["connected"].clone()), (Value::Bool(true), Value::Bool(false)), "{m}");
+    assert_eq!((m["revision"].as_i64(), m["config_hash"].as_str()), (Some(r1), Some(hash1.as_str())), "{m}");
+    assert!(proxy.logged("starting from the membership cache"), "{:?}", proxy.log.lock().unwrap());
+    let keys: Vec<String> = (0..500).map(|i| format!("cached:{i}")).collect();
+    assert_eq!(set_all(proxy.pools["web"], &keys, |i| format!("v{i}")), 0, "it serves from the cache");
+
+    // etcd within reach again: the missed revision applied and cached.
+    link.restore();
+    eventually(20, "the proxy catches up", || proxy.revision() == r2);
+    let m = proxy.stats()["membership"].clone();
+    assert_eq!((m["cache_used"].clone(), m["connected"].clone()), (Value::Bool(false), Value::Bool(true)), "{m}");
+    assert_eq!(m["config_hash"], Value::String(hash2), "{m}");
+    assert_eq!(proxy.stats()["pools"][0]["live_servers"], 3);
+    eventually(10, "the cache is rewritten", || cached(&cache) == Some((r2, text2.clone())));
+
+    // Cut off while running: the change made meanwhile arrives through the
+    // resumed watch once the link is back.
+    link.cut();
+    eventually(20, "the proxy sees etcd gone", || proxy.stats()["membership"]["connected"] == Value::Bool(false));
+    run_ok(&["config", "weight", "--etcd", &url, &ids[0], "3", "--pool", "web"]);
+    let (text3, r3, _) = stored(&url);
+    link.restore();
+    eventually(20, "the proxy gets the change made while it was cut off", || proxy.revision() == r3);
+    eventually(10, "the cache is rewritten", || cached(&cache) == Some((r3, text3.clone())));
+    assert!(!proxy.logged("compacted"), "{:?}", proxy.log.lock().unwrap());
+
+    // SIGKILL: no revoke; the lease's time to live removes the registration.
+    let registered = || {
+        let out = etcd.ctl(&["get", "--prefix", "--keys-only", "/catchup/proxies/"]);
+        String::from_utf8_lossy(&out.stdout).contains("/catchup/proxies/p")
+    };
+    assert!(registered());
+    proxy.kill();
+    let killed = Instant::now();
+    eventually(30, "the killed proxy's registration expires", || !registered());
+    eprintln!("registration gone {:.1} s after SIGKILL", killed.elapsed().as_secs_f64());
+}
+
+/// `--listen-override` names pools of the config, each once.
+#[test]
+fn listen_overrides_are_checked() {
+    let dir = TempDir::new("override");
+    let file = dir.path("o.yml");
+    std::fs::write(&file, "web:\n  listen: 127.0.0.1:0\n  servers:\n   - 127.0.0.1:1:1\n").unwrap();
+    let c = file.to_str().unwrap();
+    for (flags, says) in [
+        (vec!["--listen-override", "nosuch=127.0.0.1:0"], "which the config does not have (it has web)"),
+        (vec!["--listen-override", "web=127.0.0.1:0", "--listen-override", "web=127.0.0.1:0"], "names pool web twice"),
+        (vec!["--listen-override", "web"], "write POOL=ADDR"),
+    ] {
+        let mut args = vec!["proxy", "-c", c, "--admin", "127.0.0.1:0", "--no-stats"];
+        args.extend(flags);
+        let out = chash(&args, b"");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
 }
 
 #[test]
