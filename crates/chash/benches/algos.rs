@@ -32,8 +32,8 @@
 //! Veach's loop, as jumphash and hash-rings run it) and `chash/jumpback`
 //! (JumpBackHash, its own placement). `chash/anchor` has the default capacity
 //! of 1024 buckets; `anchor_capacity_n` and `anchor_capacity_2n` show what a
-//! capacity sized to the pool buys (the anchorhash peer is built with
-//! capacity N).
+//! capacity sized to the pool buys; the anchorhash peer is built at the
+//! same three capacities (`anchorhash` is capacity N).
 //!
 //! Run: `cargo bench -p chash --bench algos`.
 
@@ -104,10 +104,13 @@ fn from_u64_group(g: &mut Group<'_>, n: usize, hashes: &[u64]) {
         let sized = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, capacity as u32).unwrap();
         bench_inputs(g, name, hashes, |h| sized.locate_hash(h));
     }
-    let peer: anchorhash::AnchorHash<u64, u32, IdentityBuild> =
-        anchorhash::Builder::with_hasher(IdentityBuild).with_resources(0..n as u32).build(n as u16);
-    bench_inputs(g, "anchorhash", hashes, |h| peer.get_resource(h).copied());
-    drop(peer);
+    // The peer at chash's three capacities: N (`anchorhash`, as before),
+    // 2N and 1024 (chash's default), so each chash row has its like.
+    for (name, capacity) in [("anchorhash", n), ("anchorhash_capacity_2n", 2 * n), ("anchorhash_capacity_1024", 1024)] {
+        let peer: anchorhash::AnchorHash<u64, u32, IdentityBuild> =
+            anchorhash::Builder::with_hasher(IdentityBuild).with_resources(0..n as u32).build(capacity as u16);
+        bench_inputs(g, name, hashes, |h| peer.get_resource(h).copied());
+    }
 
     let mp = MultiProbe::new(nodes(n)).unwrap();
     bench_inputs(g, "chash/multiprobe", hashes, |h| mp.locate_hash(h));

@@ -116,6 +116,15 @@ fn main() {
         leave: Some(chash_owners(&left, &hashes)),
         twin: Some(chash_owners(&Jump::new(nodes(all().into_iter())).unwrap(), &hashes)),
     });
+    let jump_back = Jump::jump_back(nodes(all().into_iter())).unwrap();
+    let left = jump_back.without_last();
+    print(&Row {
+        name: "chash jumpback (node 99 leaves)".into(),
+        before: chash_owners(&jump_back, &hashes),
+        join: Some(chash_owners(&left.with_node(Node::new("node-1000", 1).unwrap()).unwrap(), &hashes)),
+        leave: Some(chash_owners(&left, &hashes)),
+        twin: Some(chash_owners(&Jump::jump_back(nodes(all().into_iter())).unwrap(), &hashes)),
+    });
     let rv = Rendezvous::new(nodes(all().into_iter())).unwrap();
     let left = rv.without_node("node-37").unwrap();
     print(&Row {
