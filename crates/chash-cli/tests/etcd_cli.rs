@@ -569,16 +569,7 @@ fn a_fleet_on_etcd_applies_every_change_everywhere() {
                     stdout(&out)
                 );
                 proxies[1].spawn();
-                let stored = chash(&["config", "get", "--etcd", &url], b"");
-                let revision: i64 = stderr(&stored)
-                    .split("revision ")
-                    .nth(1)
-                    .unwrap()
-                    .split_whitespace()
-                    .next()
-                    .unwrap()
-                    .parse()
-                    .unwrap();
+                let (_, revision, _) = stored(&url);
                 eventually(20, "the restarted proxy converges", || proxies[1].revision() == revision);
             }
             // etcd stopped for 5 s under load: no request fails; the next
@@ -666,16 +657,7 @@ fn a_fleet_on_etcd_applies_every_change_everywhere() {
                 let now = etcd.revision();
                 assert!(etcd.ctl(&["compact", &now.to_string()]).status.success());
                 link.restore();
-                let stored = chash(&["config", "get", "--etcd", &url], b"");
-                let revision: i64 = stderr(&stored)
-                    .split("revision ")
-                    .nth(1)
-                    .unwrap()
-                    .split_whitespace()
-                    .next()
-                    .unwrap()
-                    .parse()
-                    .unwrap();
+                let (_, revision, _) = stored(&url);
                 eventually(30, "the cut-off proxy converges after compaction", || proxies[2].revision() == revision);
                 assert!(proxies[2].logged("compacted"), "{:?}", proxies[2].log.lock().unwrap());
                 let refs: Vec<&Proxy> = proxies.iter().collect();

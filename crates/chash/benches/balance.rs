@@ -107,24 +107,20 @@ fn main() {
         leave: Some(chash_owners(&left, &hashes)),
         twin: Some(chash_owners(&Ring::new(nodes(all().into_iter())).unwrap(), &hashes)),
     });
-    let jump = Jump::new(nodes(all().into_iter())).unwrap();
-    let left = jump.without_last();
-    print(&Row {
-        name: "chash jump (node 99 leaves)".into(),
-        before: chash_owners(&jump, &hashes),
-        join: Some(chash_owners(&left.with_node(Node::new("node-1000", 1).unwrap()).unwrap(), &hashes)),
-        leave: Some(chash_owners(&left, &hashes)),
-        twin: Some(chash_owners(&Jump::new(nodes(all().into_iter())).unwrap(), &hashes)),
-    });
-    let jump_back = Jump::jump_back(nodes(all().into_iter())).unwrap();
-    let left = jump_back.without_last();
-    print(&Row {
-        name: "chash jumpback (node 99 leaves)".into(),
-        before: chash_owners(&jump_back, &hashes),
-        join: Some(chash_owners(&left.with_node(Node::new("node-1000", 1).unwrap()).unwrap(), &hashes)),
-        leave: Some(chash_owners(&left, &hashes)),
-        twin: Some(chash_owners(&Jump::jump_back(nodes(all().into_iter())).unwrap(), &hashes)),
-    });
+    // The jump family (Lamping & Veach's loop and JumpBackHash): only the
+    // last node can leave.
+    type Build = fn(Vec<Node>) -> chash::Result<Jump>;
+    for (name, build) in [("chash jump", Jump::new as Build), ("chash jumpback", Jump::jump_back)] {
+        let jump = build(nodes(all().into_iter())).unwrap();
+        let left = jump.without_last();
+        print(&Row {
+            name: format!("{name} (node 99 leaves)"),
+            before: chash_owners(&jump, &hashes),
+            join: Some(chash_owners(&left.with_node(Node::new("node-1000", 1).unwrap()).unwrap(), &hashes)),
+            leave: Some(chash_owners(&left, &hashes)),
+            twin: Some(chash_owners(&build(nodes(all().into_iter())).unwrap(), &hashes)),
+        });
+    }
     let rv = Rendezvous::new(nodes(all().into_iter())).unwrap();
     let left = rv.without_node("node-37").unwrap();
     print(&Row {
