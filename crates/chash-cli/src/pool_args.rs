@@ -59,7 +59,9 @@ pub struct PoolArgs {
     balance_factor: Option<f64>,
 
     /// AnchorHash buckets, at least the number of servers (with --node,
-    /// distribution anchor; default 1024).
+    /// distribution anchor; default 1024). A lookup re-draws about
+    /// ln(buckets / servers) times: about twice the most servers the pool
+    /// will hold keeps small pools fast.
     #[arg(long, value_name = "N", conflicts_with = "config")]
     capacity: Option<u32>,
 }

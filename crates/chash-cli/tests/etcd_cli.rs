@@ -915,7 +915,11 @@ fn a_proxy_started_from_its_cache_catches_up() {
         let out = etcd.ctl(&["get", "--prefix", "--keys-only", "/catchup/proxies/"]);
         String::from_utf8_lossy(&out.stdout).contains("/catchup/proxies/p")
     };
-    assert!(registered());
+    // Registered again after the cut (a new lease; the old one may still
+    // hold the key meanwhile).
+    eventually(20, "the proxy is registered again", || {
+        proxy.stats()["membership"]["registered"] == Value::Bool(true) && registered()
+    });
     proxy.kill();
     let killed = Instant::now();
     eventually(30, "the killed proxy's registration expires", || !registered());

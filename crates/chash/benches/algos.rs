@@ -40,7 +40,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use chash::algo::{next_prime, Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY};
+use chash::algo::{mix2, next_prime, Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY};
 use chash::{KeyHasher, Node, Placement, Ring};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode};
 
@@ -57,6 +57,11 @@ fn nodes(n: usize) -> Vec<Node> {
 /// above 100 × n when that is larger.
 fn maglev_size(n: usize) -> u64 {
     next_prime(100 * n as u64 + 1).max(65_537)
+}
+
+/// `x` scaled to `0..n` as chash's placements scale it (multiply-shift).
+fn reduce(x: u64, n: u64) -> u64 {
+    ((u128::from(x) * u128::from(n)) >> 64) as u64
 }
 
 fn anchor_capacity(n: usize) -> u32 {
@@ -100,6 +105,23 @@ fn from_u64_group(g: &mut Group<'_>, n: usize, hashes: &[u64]) {
 
     let anchor = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, anchor_capacity(n)).unwrap();
     bench_inputs(g, "chash/anchor", hashes, |h| anchor.locate_hash(h));
+    // The floor under anchor at capacity C on a pool built fresh: the
+    // arithmetic of its re-draws alone (the paper's chain of draws, with
+    // chash's pinned mix), without the bucket table; it gives the same
+    // bucket (asserted), so the difference is what the table's loads cost.
+    let capacity = u64::from(anchor_capacity(n));
+    let chain = |h: u64| {
+        let (mut b, mut draws) = (reduce(h, capacity), 0u32);
+        while b >= n as u64 {
+            b = reduce(mix2(h, b), b);
+            draws += 1;
+        }
+        (b as usize, draws)
+    };
+    let draws: u64 = hashes.iter().map(|&h| u64::from(chain(h).1)).sum();
+    assert!(hashes.iter().take(10_000).all(|&h| Some(chain(h).0) == anchor.locate_hash(h)));
+    eprintln!("anchor capacity {capacity}, {n} nodes: {:.2} re-draws per lookup", draws as f64 / hashes.len() as f64);
+    bench_inputs(g, "floor/anchor_draws_without_table", hashes, |h| chain(h).0);
     for (name, capacity) in [("chash/anchor_capacity_n", n), ("chash/anchor_capacity_2n", 2 * n)] {
         let sized = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, capacity as u32).unwrap();
         bench_inputs(g, name, hashes, |h| sized.locate_hash(h));
@@ -190,8 +212,10 @@ fn with_hash(c: &mut Criterion) {
 
             let anchor = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, anchor_capacity(n)).unwrap();
             bench_inputs(&mut g, "chash/anchor", &keys, |k| anchor.locate(k.as_bytes()));
-            let sized = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, 2 * n as u32).unwrap();
-            bench_inputs(&mut g, "chash/anchor_capacity_2n", &keys, |k| sized.locate(k.as_bytes()));
+            for (name, capacity) in [("chash/anchor_capacity_n", n), ("chash/anchor_capacity_2n", 2 * n)] {
+                let sized = Anchor::with_capacity(nodes(n), KeyHasher::Xxh3, capacity as u32).unwrap();
+                bench_inputs(&mut g, name, &keys, |k| sized.locate(k.as_bytes()));
+            }
             let peer: anchorhash::AnchorHash<&str, u32, _> =
                 anchorhash::Builder::default().with_resources(0..n as u32).build(n as u16);
             bench_inputs(&mut g, "anchorhash", &keys, |k| peer.get_resource(k).copied());
