@@ -40,7 +40,9 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use chash::algo::{mix2, next_prime, Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY};
+use chash::algo::{
+    mix2, next_prime, reduce, Anchor, Bounded, Jump, Maglev, MultiProbe, Rendezvous, DEFAULT_ANCHOR_CAPACITY,
+};
 use chash::{KeyHasher, Node, Placement, Ring};
 use criterion::{BenchmarkGroup, Criterion, SamplingMode};
 
@@ -57,11 +59,6 @@ fn nodes(n: usize) -> Vec<Node> {
 /// above 100 × n when that is larger.
 fn maglev_size(n: usize) -> u64 {
     next_prime(100 * n as u64 + 1).max(65_537)
-}
-
-/// `x` scaled to `0..n` as chash's placements scale it (multiply-shift).
-fn reduce(x: u64, n: u64) -> u64 {
-    ((u128::from(x) * u128::from(n)) >> 64) as u64
 }
 
 fn anchor_capacity(n: usize) -> u32 {

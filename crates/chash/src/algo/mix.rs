@@ -27,7 +27,7 @@ pub fn mix2(a: u64, b: u64) -> u64 {
 /// `x` scaled from `0..2^64` to `0..n` (Lemire's multiply-shift reduction):
 /// uniform for uniform `x`, no division.
 #[inline]
-pub(crate) fn reduce(x: u64, n: u64) -> u64 {
+pub fn reduce(x: u64, n: u64) -> u64 {
     ((u128::from(x) * u128::from(n)) >> 64) as u64
 }
 

@@ -27,6 +27,6 @@ pub use anchor::{Anchor, AnchorCandidates, DEFAULT_ANCHOR_CAPACITY};
 pub use bounded::{Bounded, LoadGuard, DEFAULT_BALANCE_FACTOR};
 pub use jump::{jump_back_hash, jump_hash, Jump, JumpCandidates, JumpVariant};
 pub use maglev::{next_prime, Maglev, MaglevBuilder, MaglevCandidates, DEFAULT_MAGLEV_TABLE_SIZE};
-pub use mix::{fmix64, mix2};
+pub use mix::{fmix64, mix2, reduce};
 pub use multiprobe::{MultiProbe, MultiProbeCandidates, DEFAULT_PROBES};
 pub use rendezvous::{Rendezvous, RendezvousCandidates};
