@@ -487,6 +487,15 @@ impl Link {
     }
 }
 
+/// Runs a Python client script of `tests/clients/` (the client libraries
+/// the test command installs) with `args`; its output on failure.
+fn run_client_script(script: &str, args: &[&str]) {
+    let path = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(require("python3", "python3")).arg(&path).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed:\n{text}");
+}
+
 /// Waits up to `secs` for `done`, polling.
 fn eventually(secs: u64, what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -697,6 +706,14 @@ fn a_fleet_on_etcd_applies_every_change_everywhere() {
     }
     let status = chash(&["fleet", "status", "--etcd", &url, "--max-lag", "5"], b"");
     assert!(status.status.success(), "{}", stdout(&status));
+    // The clients people run agree too: stored through one proxy, read
+    // through the two others, in both pools.
+    for pool in ["web", "pages"] {
+        let addrs: Vec<String> = proxies.iter().map(|p| p.pools[pool].to_string()).collect();
+        let mut args = vec![pool];
+        args.extend(addrs.iter().map(String::as_str));
+        run_client_script("fleet_clients.py", &args);
+    }
     waits.sort_by(f64::total_cmp);
     eprintln!(
         "--wait: median {:.3} s, max {:.3} s over {} changes",
