@@ -97,8 +97,11 @@ pub struct ProxyArgs {
 
     /// chash's HTTP admin endpoint: /stats, /metrics and live membership
     /// changes (loopback unless you say otherwise; 0 as port picks one).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:22223")]
-    admin: SocketAddr,
+    /// Default: 127.0.0.1:22223, or, when another process (a second proxy
+    /// on this host) holds that port, a free port on 127.0.0.1, announced
+    /// at start and in the log. A port given here must be free.
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<SocketAddr>,
 
     /// Do not serve the admin endpoint.
     #[arg(long)]
@@ -227,6 +230,9 @@ pub struct ProxyArgs {
 const NUTCRACKER_CONF: &str = "/etc/nutcracker/nutcracker.yml";
 const NUTCRACKER_LOG: &str = "/var/log/nutcracker/nutcracker.log";
 
+/// The admin endpoint's address unless `--admin` says otherwise.
+const DEFAULT_ADMIN: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 22223);
+
 /// Marks the background process of `-d`.
 const DAEMON_ENV: &str = "CHASH_PROXY_DAEMON";
 
@@ -318,14 +324,15 @@ impl Log {
         }
     }
 
-    /// Moves the level by `by` (twemproxy's 0 to 11).
-    fn shift(&self, by: i8) {
+    /// Moves the level by `by` (twemproxy's 0 to 11), as `signal` asked.
+    fn shift(&self, by: i8, signal: &str) {
         let now = self.verbosity.load(Relaxed);
         let next = now.saturating_add_signed(by).min(11);
         self.verbosity.store(next, Relaxed);
         let _ = self.level.modify(|l| *l = level_of(next));
+        let way = if by > 0 { "up" } else { "down" };
         // At warning level, so that lowering the level still says so.
-        tracing::warn!("log level {now} -> {next} ({})", level_of(next));
+        tracing::warn!("signal {signal} received: log level {way}, {now} -> {next} ({})", level_of(next));
     }
 }
 
@@ -553,8 +560,13 @@ fn die_on_sigsegv() {
 /// `-d`: starts the same command again in the background and returns once
 /// it serves (exit 0), or with its start-up error.
 fn daemonize() -> Result<()> {
+    use std::os::unix::process::CommandExt as _;
     let exe = std::env::current_exe().context("cannot find this program to run it in the background")?;
+    // The name it was called by goes along: called as `nutcracker` (a
+    // symlink, which current_exe resolves), the background process must
+    // read twemproxy's flags as nutcracker does.
     let mut child = std::process::Command::new(exe)
+        .arg0(std::env::args_os().next().unwrap_or_else(|| "chash".into()))
         .args(std::env::args_os().skip(1))
         .env(DAEMON_ENV, "1")
         .stdin(std::process::Stdio::null())
@@ -579,8 +591,16 @@ fn daemonize() -> Result<()> {
         use std::io::Read as _;
         let _ = e.read_to_string(&mut err);
     }
-    let err = err.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").to_owned();
-    bail!("the background proxy did not start ({status}): {}", err.trim_start_matches("chash: error: "))
+    // All it said: a usage error's cause is on the lines before its last.
+    let said: Vec<&str> = err
+        .lines()
+        .map(|l| l.trim_end())
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .map(|l| l.trim_start_matches("chash: error: ").trim_start_matches("nutcracker: error: "))
+        .map(|l| l.trim_start_matches("error: "))
+        .collect();
+    let said = if said.is_empty() { "it said nothing".to_owned() } else { said.join("; ") };
+    bail!("the background proxy did not start ({status}): {said}")
 }
 
 async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
@@ -597,7 +617,11 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
         None => std::thread::available_parallelism().map_or(1, |n| usize::from(n).saturating_sub(1).max(1)),
     };
     let mut options = ProxyOptions::default();
-    options.admin_addr = (!args.no_admin).then_some(args.admin);
+    options.admin_addr = (!args.no_admin).then_some(args.admin.unwrap_or(DEFAULT_ADMIN));
+    // Several proxies on one host, each with its own listen and -s (as
+    // nutcracker is run once per core or per pool): the default admin port
+    // goes to the first, the others take a free one and say which.
+    options.admin_fallback = args.admin.is_none();
     options.stats_addr = (!args.no_stats).then(|| SocketAddr::new(args.stats_addr, args.stats_port));
     options.stats_interval = Duration::from_millis(args.stats_interval.max(1));
     options.max_value_size = args.max_value_size;
@@ -738,9 +762,15 @@ fn announce(running: &Running, embedded: bool, log_file: bool) {
     if let Some(stats) = running.stats {
         // Every interface: any of them answers, loopback too.
         let ip = if stats.ip().is_unspecified() { "127.0.0.1".to_owned() } else { stats.ip().to_string() };
+        if log_file {
+            tracing::info!("stats (twemproxy's JSON) on {stats}");
+        }
         eprintln!("chash proxy: stats (twemproxy's JSON) on {stats}  (curl --http0.9 -s {ip}:{})", stats.port());
     }
     if let Some(admin) = running.admin {
+        if log_file {
+            tracing::info!("admin on http://{admin}");
+        }
         eprintln!("chash proxy: admin on http://{admin}  (curl http://{admin}/stats)");
     }
     if running.registry.membership().is_some() {
@@ -782,9 +812,14 @@ impl Signals {
         loop {
             tokio::select! {
                 _ = self.hup.recv() => {
-                    tracing::info!("signal SIGHUP received: reopening the log file and reloading the config");
+                    // Logged at warning level, as every handled signal: an
+                    // operator greps for it whatever the level.
+                    // Said before the reopen: the line ends the old file.
+                    let reload = running.registry.shared.options.config_path.is_some();
+                    let also = if reload { " and reloading the config" } else { " (no config file to reload)" };
+                    tracing::warn!("signal 1 (SIGHUP) received: reopening the log file{also}");
                     log.reopen();
-                    if running.registry.shared.options.config_path.is_none() {
+                    if !reload {
                         continue;
                     }
                     // The registry logs what each pool did, or why not.
@@ -792,12 +827,18 @@ impl Signals {
                         tracing::error!("reload failed, nothing changed: {e}");
                     }
                 }
-                _ = self.ttin.recv() => log.shift(1),
-                _ = self.ttou.recv() => log.shift(-1),
-                _ = self.usr1.recv() => tracing::info!("signal SIGUSR1 received: ignored"),
-                _ = self.usr2.recv() => tracing::info!("signal SIGUSR2 received: ignored"),
-                _ = self.term.recv() => return Ok(()),
-                _ = self.int.recv() => return Ok(()),
+                _ = self.ttin.recv() => log.shift(1, "21 (SIGTTIN)"),
+                _ = self.ttou.recv() => log.shift(-1, "22 (SIGTTOU)"),
+                _ = self.usr1.recv() => tracing::warn!("signal 10 (SIGUSR1) received: ignored"),
+                _ = self.usr2.recv() => tracing::warn!("signal 12 (SIGUSR2) received: ignored"),
+                _ = self.term.recv() => {
+                    tracing::warn!("signal 15 (SIGTERM) received: stopping");
+                    return Ok(());
+                }
+                _ = self.int.recv() => {
+                    tracing::warn!("signal 2 (SIGINT) received: stopping");
+                    return Ok(());
+                }
             }
         }
     }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{free_port, memcacheds, Redis};
+use support::{free_port, memcacheds, Memcached, Redis};
 
 /// A `chash proxy -c FILE` process (and the directory of its config).
 struct ProxyProcess {
@@ -41,8 +41,13 @@ impl ProxyProcess {
 
     /// Resident memory, in KiB.
     fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS:")
+    }
+
+    /// A figure of /proc/PID/status, in KiB (`VmHWM:`: the peak RSS).
+    fn status_kib(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        let line = status.lines().find(|l| l.starts_with(field)).unwrap();
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     }
 }
@@ -206,4 +211,104 @@ fn clients_that_never_read_cannot_pin_memory_redis() {
         summary(&latencies)
     );
     normal_redis(&mut n);
+}
+
+/// The value of big key `i`: 1,000,000 bytes (a little under memcached's
+/// 1 MiB item), each key's its own.
+fn big_value(i: usize) -> Vec<u8> {
+    let mut v = format!("{i:07}|").repeat(1_000_000 / 8);
+    v.truncate(1_000_000);
+    v.into_bytes()
+}
+
+/// Reads one retrieval reply: (key, data) of each value, until `END`.
+fn read_values(r: &mut BufReader<TcpStream>) -> Result<Vec<(String, Vec<u8>)>, String> {
+    let mut out = Vec::new();
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).map_err(|e| e.to_string())?;
+        if line == "END\r\n" {
+            return Ok(out);
+        }
+        let words: Vec<&str> = line.split_whitespace().collect();
+        if words.len() < 4 || words[0] != "VALUE" {
+            return Err(format!("after {} values: {line:?}", out.len()));
+        }
+        let mut data = vec![0; words[3].parse::<usize>().unwrap() + 2];
+        r.read_exact(&mut data).map_err(|e| e.to_string())?;
+        data.truncate(data.len() - 2);
+        out.push((words[1].to_owned(), data));
+    }
+}
+
+/// A multi-get of 150, and of 300, values of 1 MB over 4 servers (a
+/// php-memcached getMulti of large values), 20 tries each, by a client that
+/// reads as it goes: every value every time (before, about half the tries
+/// of 150 and every try of 300 got `SERVER_ERROR ... the client holds too
+/// many unread replies` and nothing else), through pylibmc's get_multi too,
+/// while the proxy's peak RSS stays a fraction of one reply (the parts are
+/// streamed, not held).
+#[test]
+fn large_multi_gets_stream_every_value() {
+    let mc: Vec<Memcached> = (0..4).map(|_| Memcached::start_with_memory(160)).collect();
+    let listen = free_port();
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:{listen}\n  hash: md5\n  servers:\n");
+    for m in &mc {
+        yml.push_str(&format!("   - {}:1\n", m.id()));
+    }
+    let proxy = ProxyProcess::start(&yml, listen);
+    let addr = SocketAddr::from(([127, 0, 0, 1], listen));
+    let mut c = support::Client::connect(addr);
+    let values: Vec<Vec<u8>> = (0..300).map(big_value).collect();
+    for (i, v) in values.iter().enumerate() {
+        assert_eq!(c.set(&format!("big:{i}"), v), "STORED\r\n", "big:{i}");
+    }
+    let keys: Vec<String> = (0..300).map(|i| format!("big:{i}")).collect();
+    let held: Vec<usize> = mc.iter().map(|m| m.holds_each(&keys).iter().filter(|&&h| h).count()).collect();
+    assert_eq!(held.iter().sum::<usize>(), 300, "every key stored once: {held:?}");
+    assert!(held.iter().filter(|&&n| n > 0).count() >= 3, "the keys are spread over the servers: {held:?}");
+    let base = proxy.rss_kib();
+    let started = Instant::now();
+    for n in [150, 300] {
+        let keys: Vec<String> = (0..n).map(|i| format!("big:{i}")).collect();
+        let line = format!("get {}\r\n", keys.join(" "));
+        for attempt in 0..20 {
+            let s = TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            (&s).write_all(line.as_bytes()).unwrap();
+            let mut r = BufReader::new(s);
+            let got = read_values(&mut r).unwrap_or_else(|e| panic!("{n} values, try {attempt}: {e}"));
+            assert_eq!(got.len(), n, "{n} values, try {attempt}");
+            let mut seen = std::collections::HashSet::new();
+            for (key, data) in got {
+                let i: usize = key.strip_prefix("big:").unwrap().parse().unwrap();
+                assert!(data == values[i], "{key}: wrong data");
+                assert!(seen.insert(i), "{key} twice");
+            }
+        }
+    }
+    println!("raw: {:?}", started.elapsed());
+    let peak = proxy.status_kib("VmHWM:");
+    let grew = peak.saturating_sub(base) as f64 / 1024.0;
+    println!(
+        "multi-gets of 150 and 300 MB: the proxy's peak RSS {:.1} MiB ({grew:.1} MiB over its RSS before them)",
+        peak as f64 / 1024.0
+    );
+    assert!(grew < 64.0, "the proxy held {grew:.1} MiB for multi-gets it should stream");
+    // pylibmc (libmemcached) reads them as an application would.
+    let python = support::require("python3", "python3");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../chash-proxy/tests/clients/large_get_multi.py");
+    let started = Instant::now();
+    let out = Command::new(python).args([script, &addr.to_string(), "20"]).output().unwrap();
+    println!("pylibmc: {:?}", started.elapsed());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "large_get_multi.py:\n{text}");
+    // And php-memcached's getMulti.
+    let php = support::require("php", "php-cli");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../chash-proxy/tests/clients/php_large_get_multi.php");
+    let started = Instant::now();
+    let out = Command::new(php).args(["-d", "memory_limit=-1", script, &addr.to_string(), "20"]).output().unwrap();
+    println!("php-memcached: {:?}", started.elapsed());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "php_large_get_multi.php:\n{text}");
 }

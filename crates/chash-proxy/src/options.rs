@@ -34,6 +34,10 @@ pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(30);
 pub struct ProxyOptions {
     /// The admin HTTP endpoint's address (`None`: none). Defaults to none.
     pub admin_addr: Option<SocketAddr>,
+    /// When `admin_addr` is taken by another process, serve the admin
+    /// endpoint on a free port of the same address instead (logged)
+    /// rather than refuse to start. Defaults to false.
+    pub admin_fallback: bool,
     /// Where twemproxy's stats document is served (`None`: not served).
     /// Defaults to none.
     pub stats_addr: Option<SocketAddr>,
@@ -89,6 +93,7 @@ impl Default for ProxyOptions {
     fn default() -> Self {
         ProxyOptions {
             admin_addr: None,
+            admin_fallback: false,
             stats_addr: None,
             stats_interval: DEFAULT_STATS_INTERVAL,
             max_value_size: None,

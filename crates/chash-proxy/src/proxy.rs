@@ -216,7 +216,22 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
             return Err(StartError::Insecure { addr: addr.to_string() });
         }
         Some(addr) => {
-            let listener = bind_tcp("admin endpoint", addr).await?;
+            let listener = match bind_tcp("admin endpoint", addr).await {
+                Err(StartError::Listen { source, .. })
+                    if options.admin_fallback && source.kind() == std::io::ErrorKind::AddrInUse =>
+                {
+                    let free = SocketAddr::new(addr.ip(), 0);
+                    let listener = bind_tcp("admin endpoint", free).await?;
+                    if let Ok(local) = listener.local_addr() {
+                        tracing::warn!(
+                            "admin endpoint: {addr} is taken (another proxy on this host?): serving on http://{local} \
+                             instead (--admin ADDR chooses)"
+                        );
+                    }
+                    listener
+                }
+                other => other?,
+            };
             let local = listener.local_addr().ok();
             tasks.push(tokio::spawn(crate::admin::serve(listener, registry.clone(), shutdown.subscribe())));
             local

@@ -68,6 +68,8 @@ counters! {
         client_err: Counter,
         /// Client connections closed for holding too many unread reply bytes.
         client_overflows: Counter,
+        /// Client connections closed for sending an HTTP request (a browser, or a request forgery aimed at the cache: nothing it sent was run).
+        http_refused: Counter,
         /// Client requests (a multi-key request counts once).
         requests: Counter,
         /// Client requests answered with an error.

@@ -27,6 +27,23 @@ fn long_multi_gets_from_python_clients() {
     run_script("memcache_get_many.py", &[&proxy.addr.to_string()]);
 }
 
+/// php-memcached's getVersion() and getStats() (libmemcached sends
+/// `version` first and gives up unless the reply is a version number:
+/// before, both returned false through the proxy) and pylibmc's
+/// get_stats(); then the everyday calls.
+#[test]
+fn libmemcached_clients_read_version_and_stats() {
+    let mc = memcacheds(2);
+    let refs: Vec<&Memcached> = mc.iter().collect();
+    let proxy = Proxy::start(&support::config("", &refs));
+    let php = require("php", "php-cli");
+    let path = format!("{}/tests/clients/php_memcached.php", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(php).arg(&path).arg(proxy.addr.to_string()).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "php_memcached.php failed:\n{text}");
+    run_script("pylibmc_stats.py", &[&proxy.addr.to_string()]);
+}
+
 /// A Redis value over `--max-value-size` gets an error redis-py can read,
 /// naming the limit and the flag, and the connection goes on (before, the
 /// proxy closed it: redis-py reported a broken pipe after 3.5 s of

@@ -901,3 +901,163 @@ fn meta_commands_answer_as_memcached_does() {
     }
     drop(runner);
 }
+
+/// Classic-protocol cases from memcached 1.6.18's own `t/` tests (and the
+/// gaps they found): each on a fresh connection, then `mn` as a marker.
+fn classic_cases() -> Vec<Vec<u8>> {
+    let mut cases: Vec<Vec<u8>> = [
+        // verbosity's argument is a number.
+        "verbosity invalid\r\n",
+        "verbosity 1\r\n",
+        "verbosity\r\n",
+        "verbosity 1 noreply\r\n",
+        "verbosity 1 2 3\r\n",
+        // A wrong word count is an unknown command: its data is read as one.
+        "cas foo 0 0 6 \r\nabcdef\r\n",
+        "set foo 0 0\r\n",
+        "cas foo 0 0 1\r\n",
+        "incr foo\r\n",
+        "decr foo\r\n",
+        "touch foo\r\n",
+        "delete\r\n",
+        "get\r\n",
+        "flush_all 0 noreply x\r\n",
+        "incr foo 1 noreply x\r\n",
+        "touch foo 1 noreply x\r\n",
+        // A time that is not a number.
+        "flush_all invalid\r\n",
+        "gat abc foo\r\n",
+        "gats foo\r\n",
+        "touch foo abc\r\n",
+        "gat 10\r\n",
+        "incr foo abc\r\n",
+        // Bad numbers with the right count: the data line is a command.
+        "set foo abc 0 1\r\nx\r\n",
+        "set foo 0 abc 1\r\nx\r\n",
+        "set foo 0 0 abc\r\nx\r\n",
+        "cas foo 0 0 1 abc\r\nx\r\n",
+        "set foo 0 0 -1\r\n",
+        // A length whose sum with "\r\n" overflows memcached's int.
+        "set k 0 0 2147483647\r\nabc\r\nget k\r\n",
+        "set k 0 0 2147483646\r\nget k\r\n",
+        // delete's optional zero time.
+        "set d 0 0 1\r\n1\r\ndelete d 0\r\ndelete d 0\r\n",
+        "delete foo 0 noreply\r\n",
+        "delete foo 1\r\n",
+        "delete foo noreply x\r\n",
+        // A last word that is not noreply is ignored.
+        "set foo 0 0 1 HTTP/1.1\r\nx\r\nget foo HTTP/1.1\r\n",
+        "flush_all 10 20\r\nflush_all 0\r\n",
+        // HTTP: hung up on, nothing stored.
+        "POST / HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 25\r\n\r\nset pwned 0 0 5\r\nhello\r\n",
+        "GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        "get pwned\r\n",
+    ]
+    .iter()
+    .map(|c| c.as_bytes().to_vec())
+    .collect();
+    // A set refused as too large leaves no old value readable; ms too.
+    let big = vec![b'x'; 1_049_600];
+    let mut set = b"set k 0 0 3\r\nMOO\r\nset k 0 0 1049600\r\n".to_vec();
+    set.extend_from_slice(&big);
+    set.extend_from_slice(b"\r\nget k\r\n");
+    cases.push(set);
+    let mut ms = b"ms mk 3\r\nMOO\r\nms mk 1049600\r\n".to_vec();
+    ms.extend_from_slice(&big);
+    ms.extend_from_slice(b"\r\nmg mk v\r\n");
+    cases.push(ms);
+    cases
+}
+
+/// The replies to `case` on a fresh connection up to the `mn` marker's
+/// `MN`, and whether the connection was closed before it.
+fn run_case(addr: std::net::SocketAddr, case: &[u8]) -> (String, bool) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(case).unwrap();
+    let _ = s.write_all(b"mn\r\n");
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 65536];
+    loop {
+        if got.ends_with(b"MN\r\n") {
+            return (String::from_utf8_lossy(&got[..got.len() - 4]).into_owned(), false);
+        }
+        match s.read(&mut chunk) {
+            Ok(0) | Err(_) => return (String::from_utf8_lossy(&got).into_owned(), true),
+            Ok(n) => got.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// memcached's own protocol tests, through the proxy and in the embedded
+/// shards, byte for byte against a real memcached: error lines for bad
+/// word counts and bad numbers, `verbosity`'s number, lengths that
+/// overflow, a refused too-large set that leaves no stale value (on the
+/// replicas too), and HTTP requests hung up on with nothing stored.
+#[test]
+fn classic_errors_answer_as_memcached_does() {
+    let direct = Memcached::start();
+    let behind = Memcached::start();
+    let proxy = Proxy::start(&support::config("", &[&behind]));
+    let three = memcacheds(3);
+    let replicated = Proxy::start(&support::config("  replicas: 3\n", &refs(&three)));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    let shard = rt.block_on(chash_proxy::embedded::start_shard(64 << 20, stop)).unwrap();
+    let runner = thread::spawn(move || {
+        rt.block_on(async { tokio::time::sleep(Duration::from_secs(60)).await });
+    });
+    for case in classic_cases() {
+        let want = run_case(([127, 0, 0, 1], direct.port).into(), &case);
+        let shown = String::from_utf8_lossy(&case[..case.len().min(80)]).into_owned();
+        for (what, addr) in [("proxy", proxy.addr), ("replicas: 3", replicated.addr), ("shard", shard.addr)] {
+            assert_eq!(run_case(addr, &case), want, "{what}: {shown:?}");
+        }
+    }
+    // The too-large set took the old value off every replica.
+    for m in &three {
+        assert!(!m.holds("k"), "{} still holds k", m.id());
+    }
+    // The HTTP requests were counted.
+    let (_, stats) = proxy.admin("GET", "/stats", "");
+    assert!(stats.contains("\"http_refused\": 2"), "{stats}");
+    drop(runner);
+}
+
+/// Redis's rule too: a `POST` or `Host:` line closes a memcached pool's
+/// connection (memcached itself answers them `ERROR`; a request forgery
+/// can put either first), and a Redis pool closes on those and on an HTTP
+/// request line, as redis-server does, with nothing run.
+#[test]
+fn http_requests_are_hung_up_on() {
+    let mc = Memcached::start();
+    let proxy = Proxy::start(&support::config("", &[&mc]));
+    for case in ["POST /x\r\nset a 0 0 1\r\n1\r\n", "Host: cache\r\nset a 0 0 1\r\n1\r\n", "post\r\n"] {
+        assert_eq!(run_case(proxy.addr, case.as_bytes()), (String::new(), true), "{case:?}");
+    }
+    assert_eq!(run_case(proxy.addr, b"get a\r\n"), ("END\r\n".to_owned(), false));
+    let redis = support::Redis::start(None);
+    let listen = support::free_port();
+    let rproxy =
+        Proxy::start(&format!("r:\n  listen: 127.0.0.1:{listen}\n  redis: true\n  servers:\n   - {}:1\n", redis.id()));
+    for case in [
+        "GET / HTTP/1.1\r\nHost: x\r\n\r\nSET pwned 1\r\n",
+        "POST / HTTP/1.1\r\nSET pwned 1\r\n",
+        "*1\r\n$5\r\nHost:\r\n*3\r\n$3\r\nSET\r\n$5\r\npwned\r\n$1\r\n1\r\n",
+    ] {
+        let mut s = TcpStream::connect(rproxy.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(case.as_bytes()).unwrap();
+        let mut got = Vec::new();
+        let _ = s.read_to_end(&mut got);
+        assert!(got.is_empty(), "{case:?}: {:?}", String::from_utf8_lossy(&got));
+    }
+    let mut s = TcpStream::connect(rproxy.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(b"*2\r\n$6\r\nEXISTS\r\n$5\r\npwned\r\n").unwrap();
+    let mut reply = [0u8; 4];
+    s.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply, b":0\r\n", "nothing was stored");
+    let (_, stats) = rproxy.admin("GET", "/stats", "");
+    assert!(stats.contains("\"http_refused\": 3"), "{stats}");
+}

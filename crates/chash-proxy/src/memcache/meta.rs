@@ -150,6 +150,15 @@ pub(super) enum MetaParsed {
     Request(MetaRequest),
     /// More bytes are needed (`ms`'s data).
     Incomplete,
+    /// An `ms` in set mode whose value is over the size limit: refused
+    /// (its line taken, `skip` more bytes to drop), and, as memcached does,
+    /// its key's old value is to go (`delete`) so that none stays readable.
+    TooLarge {
+        /// The `md` that removes the key.
+        delete: MetaRequest,
+        /// Bytes to drop after the line.
+        skip: usize,
+    },
     /// Refused with `reply`; its line has been taken and `skip` more bytes
     /// (its data) are to be dropped.
     Refused {
@@ -270,6 +279,13 @@ pub(super) fn parse_meta(
     };
     let Some(len) = len else { return line_only(buf, MetaParsed::Request(req)) };
     if len > max_value {
+        // Set mode (the default): memcached drops the old value too.
+        if req.flag(b'M').is_none_or(|m| m.eq_ignore_ascii_case(b"S")) {
+            let flags = if req.base64 { vec![Bytes::from_static(b"b")] } else { Vec::new() };
+            let delete = MetaRequest { cmd: MetaCmd::Delete, flags, quiet: false, data: None, ..req };
+            buf.advance(line_len);
+            return MetaParsed::TooLarge { delete, skip };
+        }
         return refuse(buf, TOO_LARGE);
     }
     if buf.len() < line_len + len + 2 {

@@ -5,7 +5,7 @@
 
 use bytes::{Bytes, BytesMut};
 
-use crate::backend::{Frame, Framing};
+use crate::backend::{Frame, Framing, Large, Scan};
 
 /// One `VALUE` block of a retrieval reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,8 +33,18 @@ pub const META: &dyn Framing = &Meta;
 /// including `MN`.
 pub const META_TO_MN: &dyn Framing = &MetaToMn;
 
+/// The framing of a multi-get's part (one server's share of the keys):
+/// as [`VALUES`], but a reply still incomplete past
+/// [`STREAM_VALUES_AFTER`] bytes is passed on as it arrives (scanned by
+/// [`ValuesScan`]), so a multi-get of large values is never held whole.
+pub const VALUES_STREAMED: &dyn Framing = &ValuesStreamed;
+
+/// Bytes of a multi-get part buffered before it is streamed.
+pub const STREAM_VALUES_AFTER: usize = 256 * 1024;
+
 struct Line;
 struct Values;
+struct ValuesStreamed;
 struct Meta;
 struct MetaToMn;
 
@@ -101,6 +111,84 @@ impl Framing for Line {
 impl Framing for Values {
     fn parse(&self, buf: &mut BytesMut) -> Frame {
         values_reply(buf)
+    }
+}
+
+impl Framing for ValuesStreamed {
+    fn parse(&self, buf: &mut BytesMut) -> Frame {
+        values_reply(buf)
+    }
+
+    fn large(&self) -> Large {
+        Large::Stream { after: STREAM_VALUES_AFTER }
+    }
+
+    fn scanner(&self) -> Option<Box<dyn Scan>> {
+        Some(Box::new(ValuesScan::default()))
+    }
+}
+
+/// Finds the end of a retrieval reply fed a piece at a time, and where its
+/// `VALUE` blocks begin and end (a multi-get's streamed parts are
+/// interleaved at those boundaries).
+#[derive(Debug, Default)]
+pub struct ValuesScan {
+    /// Bytes of the current block's data (and its `\r\n`) still to come.
+    data_left: usize,
+    /// Whether a line has been seen (an error line ends only a reply that
+    /// starts with it).
+    started: bool,
+    /// `VALUE` blocks seen.
+    values: u64,
+}
+
+impl ValuesScan {
+    /// Whether the bytes scanned so far end between two blocks.
+    pub fn at_boundary(&self) -> bool {
+        self.data_left == 0
+    }
+
+    /// `VALUE` blocks seen so far.
+    pub fn values(&self) -> u64 {
+        self.values
+    }
+}
+
+impl Scan for ValuesScan {
+    fn scan(&mut self, buf: &[u8]) -> Result<(usize, bool), String> {
+        let mut pos = 0;
+        loop {
+            if self.data_left > 0 {
+                let take = self.data_left.min(buf.len() - pos);
+                pos += take;
+                self.data_left -= take;
+                if self.data_left > 0 {
+                    return Ok((pos, false));
+                }
+            }
+            let end = match line_at(buf, pos) {
+                Some(Ok(end)) => end,
+                Some(Err(e)) => return Err(e),
+                // A line split across reads: left for the next call.
+                None => return Ok((pos, false)),
+            };
+            let line = trim_crlf(&buf[pos..end]);
+            if line == b"END" || (!self.started && is_error_line(line)) {
+                return Ok((end, true));
+            }
+            self.started = true;
+            let mut words = line.split(|&b| b == b' ').filter(|w| !w.is_empty());
+            let (Some(b"VALUE"), Some(_key), Some(_flags), Some(len)) =
+                (words.next(), words.next(), words.next(), words.next())
+            else {
+                return Err(format!("unexpected reply line {:?}", String::from_utf8_lossy(line)));
+            };
+            let len = std::str::from_utf8(len).ok().and_then(|l| l.parse::<usize>().ok());
+            let Some(len) = len.filter(|&l| l <= MAX_VALUE_LEN) else { return Err("bad VALUE length".into()) };
+            self.values += 1;
+            self.data_left = len + 2;
+            pos = end;
+        }
     }
 }
 
@@ -227,6 +315,33 @@ mod tests {
         let mut b = BytesMut::from(&b"HELLO\r\n"[..]);
         assert!(matches!(VALUES.parse(&mut b), Frame::Invalid(_)));
         assert!(is_values(b"END\r\n") && !has_values(b"END\r\n"));
+    }
+
+    /// The streaming scanner ends a reply where the whole-reply parser
+    /// does, fed it at every split, and knows its block boundaries.
+    #[test]
+    fn values_scan_agrees_with_the_parser_at_every_split() {
+        let reply = b"VALUE a 0 3\r\nx\r\n\r\nVALUE bb 3 2 77\r\nyz\r\nEND\r\n";
+        for split in 0..=reply.len() {
+            let mut scan = ValuesScan::default();
+            let (first, second) = reply.split_at(split);
+            let (used, last) = scan.scan(first).unwrap();
+            assert!(!last || used == reply.len());
+            let mut rest = first[used..].to_vec();
+            rest.extend_from_slice(second);
+            let (more, last) = if last { (0, true) } else { scan.scan(&rest).unwrap() };
+            assert!(last, "split at {split}");
+            assert_eq!(used + more, reply.len(), "split at {split}");
+            assert!(scan.at_boundary());
+            assert_eq!(scan.values(), 2);
+        }
+        let mut scan = ValuesScan::default();
+        assert_eq!(scan.scan(b"VALUE a 0 10\r\n0123").unwrap(), (18, false));
+        assert!(!scan.at_boundary());
+        assert_eq!(scan.scan(b"456789\r\nVALUE").unwrap(), (8, false));
+        assert!(scan.at_boundary(), "a header split across reads is left for the next call");
+        assert!(ValuesScan::default().scan(b"HELLO\r\n").is_err());
+        assert_eq!(ValuesScan::default().scan(b"SERVER_ERROR x\r\n").unwrap(), (16, true));
     }
 
     #[test]

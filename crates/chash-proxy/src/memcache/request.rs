@@ -10,7 +10,7 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::errors::{BAD_CHUNK, BAD_FORMAT, ERROR, TOO_LARGE};
+use super::errors::{BAD_CHUNK, BAD_EXPTIME, BAD_FORMAT, ERROR, TOO_LARGE};
 use super::meta::{parse_meta, MetaCmd, MetaParsed, MetaRequest};
 
 /// memcached's key length limit.
@@ -190,6 +190,19 @@ pub enum Parsed {
         /// Whether the connection must be closed.
         close: bool,
     },
+    /// A `set` (or `ms` in set mode) whose value is over the size limit:
+    /// answered `SERVER_ERROR object too large for cache` (unless
+    /// `noreply`) once `delete` has removed the key's old value, as
+    /// memcached does (a failed store must not leave a stale value
+    /// readable); `skip` bytes of data are discarded as they arrive.
+    TooLarge {
+        /// The request that removes the key.
+        delete: Request,
+        /// Bytes to discard after the line.
+        skip: usize,
+        /// Whether the client wants no reply.
+        noreply: bool,
+    },
     /// A request that gets `reply`; the rest of its line (which has not
     /// arrived yet) is to be discarded up to and including its `\n`.
     RefusedLine {
@@ -207,6 +220,17 @@ const BINARY: &[u8] = b"CLIENT_ERROR the binary protocol is not supported: use t
 
 fn refused(reply: &'static [u8]) -> Parsed {
     Parsed::Refused { reply, skip: 0, close: false }
+}
+
+/// What an HTTP request line (a browser, or a server-side request forgery
+/// aimed at the cache) gets: nothing, and the connection closed before
+/// anything after it is read as commands. memcached closes on an unknown
+/// command whose last word starts `HTTP/`; Redis on `POST` and `Host:`.
+const HTTP_REFUSED: &[u8] = b"";
+
+/// Whether an unknown command line is part of an HTTP request.
+pub(crate) fn is_http_line(cmd: &[u8], last: &[u8]) -> bool {
+    last.starts_with(b"HTTP/") || cmd.eq_ignore_ascii_case(b"post") || cmd.eq_ignore_ascii_case(b"host:")
 }
 
 /// What the parser accepts.
@@ -278,6 +302,7 @@ pub fn parse_request(buf: &mut BytesMut, limits: Limits) -> Parsed {
     let quiet = quiet_line(buf);
     match parse_line(buf, limits) {
         Parsed::Refused { skip, close: false, .. } if quiet => Parsed::Refused { reply: b"", skip, close: false },
+        Parsed::TooLarge { delete, skip, .. } if quiet => Parsed::TooLarge { delete, skip, noreply: true },
         parsed => parsed,
     }
 }
@@ -313,6 +338,9 @@ fn parse_line(buf: &mut BytesMut, limits: Limits) -> Parsed {
             MetaParsed::Request(m) => Parsed::Request(Request::Meta(m)),
             MetaParsed::Incomplete => Parsed::Incomplete,
             MetaParsed::Refused { reply, skip } => Parsed::Refused { reply, skip, close: false },
+            MetaParsed::TooLarge { delete, skip } => {
+                Parsed::TooLarge { delete: Request::Meta(delete), skip, noreply: false }
+            }
         };
     }
     match cmd {
@@ -331,21 +359,32 @@ fn parse_line(buf: &mut BytesMut, limits: Limits) -> Parsed {
                     let keys = keys.iter().map(|k| line.slice_ref(k)).collect();
                     Parsed::Request(Request::Retrieval { cmd: rcmd, exptime, keys })
                 }
+                // `gat 10`: a time and no keys, which memcached answers.
+                Some(_) if keys.is_empty() && first_key == 2 && words.len() == 2 => refused(b"END\r\n"),
                 Some(_) if keys.is_empty() => refused(ERROR),
+                None if words.len() < 2 => refused(ERROR),
+                None => refused(BAD_EXPTIME),
                 _ => refused(BAD_FORMAT),
             };
             buf.advance(line_len);
             result
         }
         b"delete" => {
-            // delete <key> [0] [noreply]: memcached still accepts a zero time.
+            // delete <key> [0] [noreply]: memcached still accepts a zero
+            // time; a wrong word count is an unknown command to it.
             let noreply = words.last() == Some(&&b"noreply"[..]) && words.len() > 2;
-            let rest = words.len() - usize::from(noreply);
-            let ok = (rest == 2 || (rest == 3 && words[2] == b"0")) && key_ok(words[1], limits);
-            let result = if ok {
-                Parsed::Request(Request::Delete { key: line.slice_ref(words[1]), noreply })
-            } else if rest >= 3 {
+            let valid = match words.len() {
+                2 => true,
+                3 => words[2] == b"0" || noreply,
+                4 => words[2] == b"0" && noreply,
+                _ => false,
+            };
+            let result = if !(2..=4).contains(&words.len()) {
+                refused(ERROR)
+            } else if !valid {
                 refused(b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n")
+            } else if key_ok(words[1], limits) {
+                Parsed::Request(Request::Delete { key: line.slice_ref(words[1]), noreply })
             } else {
                 refused(BAD_FORMAT)
             };
@@ -353,8 +392,13 @@ fn parse_line(buf: &mut BytesMut, limits: Limits) -> Parsed {
             result
         }
         b"incr" | b"decr" => {
+            // incr <key> <delta> [noreply]: another word count is an
+            // unknown command to memcached (a fourth word that is not
+            // noreply is ignored).
             let noreply = words.len() == 4 && words[3] == b"noreply";
-            let result = if (words.len() == 3 || noreply) && key_ok(words[1], limits) {
+            let result = if !(3..=4).contains(&words.len()) {
+                refused(ERROR)
+            } else if key_ok(words[1], limits) {
                 match num::<u64>(words[2]) {
                     Some(delta) => Parsed::Request(Request::Arith {
                         op: if cmd == b"incr" { ArithOp::Incr } else { ArithOp::Decr },
@@ -372,27 +416,34 @@ fn parse_line(buf: &mut BytesMut, limits: Limits) -> Parsed {
         }
         b"touch" => {
             let noreply = words.len() == 4 && words[3] == b"noreply";
-            let result =
-                match ((words.len() == 3 || noreply) && key_ok(words[1], limits), words.get(2).and_then(|w| num(w))) {
-                    (true, Some(exptime)) => {
+            let result = if !(3..=4).contains(&words.len()) {
+                refused(ERROR)
+            } else if !key_ok(words[1], limits) {
+                refused(BAD_FORMAT)
+            } else {
+                match num(words[2]) {
+                    Some(exptime) => {
                         Parsed::Request(Request::Touch { key: line.slice_ref(words[1]), exptime, noreply })
                     }
-                    (true, None) => refused(b"CLIENT_ERROR invalid exptime argument\r\n"),
-                    _ => refused(BAD_FORMAT),
-                };
+                    None => refused(BAD_EXPTIME),
+                }
+            };
             buf.advance(line_len);
             result
         }
         b"flush_all" => {
-            let noreply = words.last() == Some(&&b"noreply"[..]);
+            // flush_all [delay] [noreply]: more words are an unknown
+            // command to memcached; a second word that is not noreply is
+            // ignored.
+            let noreply = words.len() > 1 && words.last() == Some(&&b"noreply"[..]);
             let args = &words[1..words.len() - usize::from(noreply)];
             let result = match args {
+                _ if words.len() > 3 => refused(ERROR),
                 [] => Parsed::Request(Request::FlushAll { delay: None, noreply }),
-                [d] => match num::<i64>(d) {
+                [d, ..] => match num::<i64>(d) {
                     Some(d) => Parsed::Request(Request::FlushAll { delay: Some(d), noreply }),
-                    None => refused(BAD_FORMAT),
+                    None => refused(BAD_EXPTIME),
                 },
-                _ => refused(BAD_FORMAT),
             };
             buf.advance(line_len);
             result
@@ -402,11 +453,12 @@ fn parse_line(buf: &mut BytesMut, limits: Limits) -> Parsed {
             Parsed::Request(Request::Version)
         }
         b"verbosity" => {
-            let noreply = words.last() == Some(&&b"noreply"[..]);
-            let result = if words.len() >= 2 && words.len() <= 3 {
-                Parsed::Request(Request::Verbosity { noreply })
-            } else {
-                refused(ERROR)
+            // verbosity <level> [noreply]: the level must be a number.
+            let noreply = words.len() == 3 && words[2] == b"noreply";
+            let result = match words.get(1).map(|w| num::<u32>(w)) {
+                _ if !(2..=3).contains(&words.len()) => refused(ERROR),
+                Some(Some(_)) => Parsed::Request(Request::Verbosity { noreply }),
+                _ => refused(BAD_FORMAT),
             };
             buf.advance(line_len);
             result
@@ -422,6 +474,9 @@ fn parse_line(buf: &mut BytesMut, limits: Limits) -> Parsed {
         }
         _ => {
             buf.advance(line_len);
+            if words.last().is_some_and(|last| is_http_line(cmd, last)) {
+                return Parsed::Refused { reply: HTTP_REFUSED, skip: 0, close: true };
+            }
             refused(ERROR)
         }
     }
@@ -437,19 +492,27 @@ fn storage(buf: &mut BytesMut, line: &Bytes, words: &[&[u8]], line_len: usize, l
         _ => StorageCmd::Cas,
     };
     let fixed = if cmd == StorageCmd::Cas { 6 } else { 5 };
+    if words.len() != fixed && words.len() != fixed + 1 {
+        // A wrong word count is an unknown command to memcached: its data
+        // (unknown length) is read as commands.
+        buf.advance(line_len);
+        return refused(ERROR);
+    }
+    // A last word that is not noreply is ignored, as memcached does.
     let noreply = words.len() == fixed + 1 && words[fixed] == b"noreply";
-    let parsed = if words.len() == fixed || noreply {
+    let parsed = {
         let flags = num::<u32>(words[2]);
         let exptime = num::<i64>(words[3]);
-        // memcached reads the length as a 32-bit int: more is a format error.
+        // memcached reads the length as a 32-bit int and adds 2 for the
+        // "\r\n": a length whose sum overflows is a format error.
         let bytes = num::<i32>(words[4]).map(i64::from);
         let cas = if cmd == StorageCmd::Cas { num::<u64>(words[5]) } else { Some(0) };
         match (flags, exptime, bytes, cas) {
-            (Some(f), Some(e), Some(b), Some(c)) if b >= 0 => Some((f, e, b as usize, c)),
+            (Some(f), Some(e), Some(b), Some(c)) if (0..=i64::from(i32::MAX - 2)).contains(&b) => {
+                Some((f, e, b as usize, c))
+            }
             _ => None,
         }
-    } else {
-        None
     };
     let Some((flags, exptime, len, cas)) = parsed else {
         // The data length is unknown: like memcached, answer and read on.
@@ -463,6 +526,11 @@ fn storage(buf: &mut BytesMut, line: &Bytes, words: &[&[u8]], line_len: usize, l
     }
     if len > limits.max_value {
         buf.advance(line_len);
+        if cmd == StorageCmd::Set {
+            // memcached also drops the old value of a set it refuses.
+            let delete = Request::Delete { key: line.slice_ref(words[1]), noreply: false };
+            return Parsed::TooLarge { delete, skip: len + 2, noreply };
+        }
         return Parsed::Refused { reply: TOO_LARGE, skip: len + 2, close: false };
     }
     if buf.len() < line_len + len + 2 {
@@ -500,7 +568,7 @@ fn get_line_start(buf: &mut BytesMut, limits: Limits) -> Option<Parsed> {
     };
     let Some(exptime) = exptime else {
         buf.clear();
-        return Some(Parsed::RefusedLine { reply: BAD_FORMAT });
+        return Some(Parsed::RefusedLine { reply: BAD_EXPTIME });
     };
     // Skip the command word (and time), then take keys as a continuation.
     let mut pos = 0;

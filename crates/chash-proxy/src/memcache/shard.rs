@@ -255,7 +255,10 @@ impl Store {
                 b"OK\r\n"
             }
             Request::Version => {
-                out.extend_from_slice(format!("VERSION chash-embedded-{}", env!("CARGO_PKG_VERSION")).as_bytes());
+                out.extend_from_slice(
+                    format!("VERSION {}-chash-embedded-{}", super::MEMCACHED_VERSION, env!("CARGO_PKG_VERSION"))
+                        .as_bytes(),
+                );
                 b"\r\n"
             }
             Request::Verbosity { .. } => b"OK\r\n",
@@ -420,6 +423,15 @@ where
                         quit = true;
                         break;
                     }
+                }
+                Parsed::TooLarge { delete, skip, noreply } => {
+                    // As memcached: the key's old value goes too.
+                    let mut ignored = BytesMut::new();
+                    store.execute(&delete, &mut ignored);
+                    if !noreply {
+                        out.extend_from_slice(b"SERVER_ERROR object too large for cache\r\n");
+                    }
+                    discard = skip;
                 }
                 Parsed::RefusedLine { reply } => {
                     out.extend_from_slice(reply);

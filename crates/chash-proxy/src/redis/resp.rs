@@ -151,6 +151,11 @@ pub enum Request {
     Command(Command),
     /// Need more bytes.
     Incomplete,
+    /// Part of an HTTP request (a browser, or a request forgery aimed at
+    /// the cache): a `POST` or `Host:` command, as Redis refuses them, or
+    /// an inline request line `METHOD target HTTP/x`. The connection is
+    /// closed without a reply and without reading further.
+    Http,
     /// A protocol error: reply with it and close (the stream cannot be
     /// resynchronised after a bad frame, as in Redis).
     Error(String),
@@ -223,6 +228,12 @@ fn int(b: &[u8]) -> Option<i64> {
     std::str::from_utf8(b).ok()?.parse().ok()
 }
 
+/// Whether a command name is one Redis refuses as an HTTP request's
+/// (`POST`, `Host:`), whatever the case.
+pub fn is_http_word(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"post") || name.eq_ignore_ascii_case(b"host:")
+}
+
 /// Inline commands (`PING\r\n`) are at most this long, as in Redis.
 const MAX_INLINE: usize = 64 * 1024;
 
@@ -256,6 +267,12 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
             text.split(|&b| b == b' ').filter(|w| !w.is_empty()).map(Bytes::copy_from_slice).collect();
         if args.is_empty() {
             return None;
+        }
+        const METHODS: [&[u8]; 9] =
+            [b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH", b"CONNECT", b"TRACE"];
+        let request_line = args.len() == 3 && METHODS.contains(&&args[0][..]) && args[2].starts_with(b"HTTP/");
+        if request_line || is_http_word(&args[0]) {
+            return Some(Request::Http);
         }
         return Some(Request::Command(Command::new(args)));
     }

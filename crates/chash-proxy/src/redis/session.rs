@@ -89,6 +89,8 @@ impl Session for RedisSession {
         match parse_request(buf, self.limits) {
             Request::Incomplete => Step::More,
             Request::Error(msg) => Step::Close { reply: Some(err(&self.pool, format!("ERR {msg}"))), error: true },
+            Request::Http => self.http_refused(),
+            Request::Command(cmd) if crate::redis::resp::is_http_word(&cmd.args[0]) => self.http_refused(),
             Request::TooLarge { len, skip } => {
                 self.skip = Some(skip);
                 self.pool.counters().requests.fetch_add(1, Relaxed);
@@ -112,6 +114,20 @@ impl Session for RedisSession {
                 }
             }
         }
+    }
+}
+
+impl RedisSession {
+    /// An HTTP request on a Redis pool: closed at once, logged and counted,
+    /// as redis-server does ("Possible SECURITY ATTACK detected").
+    fn http_refused(&self) -> Step {
+        self.pool.counters().http_refused.fetch_add(1, Relaxed);
+        tracing::warn!(
+            pool = %self.pool.name,
+            client = self.requester.affinity,
+            "possible security attack: an HTTP request on a Redis pool (a browser, or a request forgery aimed at the cache); connection closed"
+        );
+        Step::Close { reply: None, error: true }
     }
 }
 

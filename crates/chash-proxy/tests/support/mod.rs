@@ -91,13 +91,36 @@ pub struct Memcached {
 
 impl Memcached {
     fn command(port: u16) -> Command {
+        Memcached::command_with_memory(port, 32)
+    }
+
+    fn command_with_memory(port: u16, mib: u32) -> Command {
         let mut c = Command::new(require("memcached", "memcached"));
-        c.args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "32", "-u", "root", "-t", "1"]);
+        c.args([
+            "-l",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-U",
+            "0",
+            "-m",
+            &mib.to_string(),
+            "-u",
+            "root",
+            "-t",
+            "1",
+        ]);
         c
     }
 
     pub fn start() -> Memcached {
         let (port, child) = spawn_server(Memcached::command);
+        Memcached { port, child: Some(child) }
+    }
+
+    /// With `mib` MiB of item memory (32 otherwise).
+    pub fn start_with_memory(mib: u32) -> Memcached {
+        let (port, child) = spawn_server(|port| Memcached::command_with_memory(port, mib));
         Memcached { port, child: Some(child) }
     }
 
