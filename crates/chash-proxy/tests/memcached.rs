@@ -55,7 +55,7 @@ fn every_command_through_the_proxy() {
     c.send(b"set q 0 0 1 noreply\r\na\r\nincr n 1 noreply\r\ndelete k2 noreply\r\ntouch q 10 noreply\r\n");
     assert_eq!(c.get("q").unwrap(), b"a");
     assert_eq!(c.get("k2"), None);
-    assert!(c.cmd("version\r\n").starts_with("VERSION chash-proxy-"));
+    assert!(c.cmd("version\r\n").starts_with("VERSION 1.6.18-chash-proxy-"));
     assert_eq!(c.cmd("verbosity 1\r\n"), "OK\r\n");
     c.send(b"stats\r\n");
     let mut stats = Vec::new();

@@ -775,7 +775,16 @@ mod tests {
     fn refusals() {
         let too_long_key = format!("set {} 0 0 1\r\nx\r\n", "k".repeat(251));
         assert_eq!(parse(too_long_key.as_bytes()).0, Parsed::Refused { reply: BAD_FORMAT, skip: 3, close: false });
-        assert_eq!(parse(b"set k 0 0 4096\r\n").0, Parsed::Refused { reply: TOO_LARGE, skip: 4098, close: false });
+        // A set's refusal takes the key's old value with it; add's does not.
+        let delete = Request::Delete { key: Bytes::from_static(b"k"), noreply: false };
+        assert_eq!(
+            parse(b"set k 0 0 4096\r\n").0,
+            Parsed::TooLarge { delete: delete.clone(), skip: 4098, noreply: false }
+        );
+        assert_eq!(parse(b"set k 0 0 4096 noreply\r\n").0, Parsed::TooLarge { delete, skip: 4098, noreply: true });
+        assert_eq!(parse(b"add k 0 0 4096\r\n").0, Parsed::Refused { reply: TOO_LARGE, skip: 4098, close: false });
+        assert_eq!(parse(b"GET / HTTP/1.1\r\n").0, Parsed::Refused { reply: b"", skip: 0, close: true });
+        assert_eq!(parse(b"Host: cache\r\n").0, Parsed::Refused { reply: b"", skip: 0, close: true });
         assert_eq!(parse(b"set k 0 0 -1\r\n").0, refused(BAD_FORMAT));
         assert_eq!(parse(b"set k 0 0 1\r\nxyz\r\n"), (refused(BAD_CHUNK), 2));
         assert_eq!(parse(b"bogus\r\n").0, refused(ERROR));
@@ -784,7 +793,7 @@ mod tests {
         assert_eq!(parse(b"get a\x01b\r\n").0, refused(BAD_FORMAT));
         assert_eq!(parse(b"incr k x\r\n").0, refused(b"CLIENT_ERROR invalid numeric delta argument\r\n"));
         // noreply: no reply at all, not even an error (memcached's rule).
-        assert_eq!(parse(b"set k 0 0 4096 noreply\r\n").0, Parsed::Refused { reply: b"", skip: 4098, close: false });
+        assert_eq!(parse(b"add k 0 0 4096 noreply\r\n").0, Parsed::Refused { reply: b"", skip: 4098, close: false });
         assert_eq!(
             parse(b"set k 0 0 1 noreply\r\nxyz\r\n"),
             (Parsed::Refused { reply: b"", skip: 0, close: false }, 2)

@@ -688,15 +688,23 @@ fn stats_reply(pool: &Pool, shared: &Shared, group: Option<&[u8]>) -> Bytes {
     Bytes::from(out)
 }
 
+/// One part of a multi-get: its server, what came back, and its keys (kept
+/// only when failover may send them elsewhere).
+type PartResult = (Arc<Server>, Result<Reply, BackendError>, Vec<Bytes>);
+
+/// While warming up: the requester, and each key of a multi-get with its
+/// server (to try a miss on the key's previous servers).
+type WarmOwners = (Requester, Vec<(Bytes, Arc<Server>)>);
+
 /// A multi-get's parts, each held whole: values gathered in the client's
 /// key order, with failover, warm-up and replicas' second reads; `END`
 /// when `end`.
 #[allow(clippy::too_many_arguments)]
 async fn gathered_retrieval(
     pool: &Arc<Pool>,
-    results: Vec<(Arc<Server>, Result<Reply, BackendError>, Vec<Bytes>)>,
+    results: Vec<PartResult>,
     failover: Option<Requester>,
-    warm: Option<(Requester, Vec<(Bytes, Arc<Server>)>)>,
+    warm: Option<WarmOwners>,
     cmd: RetrievalCmd,
     exptime: i64,
     keys: &[Bytes],
@@ -808,7 +816,7 @@ const STREAM_CHUNKS: usize = 16;
 /// that part's error alone, as when every part is whole.
 fn streamed_retrieval(
     pool: Arc<Pool>,
-    results: Vec<(Arc<Server>, Result<Reply, BackendError>, Vec<Bytes>)>,
+    results: Vec<PartResult>,
     failover: Option<Requester>,
     cmd: RetrievalCmd,
     exptime: i64,

@@ -13,6 +13,25 @@ $fail = function (string $what) use ($m) {
     fwrite(STDERR, "$what: " . $m->getResultMessage() . " (" . $m->getResultCode() . ")\n");
     exit(1);
 };
+// A PHP session in memcached (run with session.save_handler=memcached and
+// memcached.sess_binary_protocol=0): stored by one request, read by the
+// next. First, before any output (a session starts before headers go).
+$session = '';
+if (ini_get('session.save_handler') === 'memcached') {
+    session_id('chashsessiontest');
+    session_start();
+    $_SESSION['visits'] = 42;
+    session_write_close();
+    $_SESSION = [];
+    session_id('chashsessiontest');
+    session_start();
+    if (($_SESSION['visits'] ?? null) !== 42) {
+        fwrite(STDERR, "session: " . var_export($_SESSION, true) . "\n");
+        exit(1);
+    }
+    session_write_close();
+    $session = "session: stored and read back\n";
+}
 $server = "$host:$port";
 $versions = $m->getVersion();
 if ($versions === false || !isset($versions[$server]) || !preg_match('/^1\.\d+\.\d+$/', $versions[$server])) {
@@ -42,3 +61,4 @@ if (!$m->delete('php:7') || $m->get('php:7') !== false) {
     $fail('delete()');
 }
 echo "set, get, getMulti, delete: ok\n";
+echo $session;
