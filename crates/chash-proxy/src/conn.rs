@@ -15,7 +15,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -167,6 +167,9 @@ pub(crate) fn requester(budget: usize) -> Requester {
 /// writing, and the window that bounds them.
 struct Flow {
     outstanding: AtomicUsize,
+    /// The writer has ended (the client is gone): no reply will leave the
+    /// window any more, so the reader must not wait for room.
+    closed: AtomicBool,
     /// A moving average of the reply size.
     avg: AtomicUsize,
     budget: usize,
@@ -178,6 +181,7 @@ impl Flow {
         let budget = budget.max(1);
         Flow {
             outstanding: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
             avg: AtomicUsize::new(budget / FIRST_WINDOW),
             budget,
             room: Notify::new(),
@@ -193,16 +197,19 @@ impl Flow {
     }
 
     /// Waits until another request may be taken; false if the client
-    /// overflowed meanwhile.
+    /// overflowed or its replies can no longer be written meanwhile.
     async fn wait_room(&self, account: &ReplyAccount) -> bool {
-        if self.has_room(account) && !account.is_overflowed() {
+        if self.has_room(account) && !account.is_overflowed() && !self.closed.load(Relaxed) {
             return true;
         }
         loop {
-            if account.is_overflowed() {
+            if account.is_overflowed() || self.closed.load(Relaxed) {
                 return false;
             }
             let notified = self.room.notified();
+            if self.closed.load(Relaxed) {
+                return false;
+            }
             if self.has_room(account) {
                 return true;
             }
@@ -247,6 +254,11 @@ pub(crate) async fn serve<T, S>(
         if let Err(e) = write_replies(w, rx, &flow, &account).await {
             tracing::debug!("client connection closed: {e}");
         }
+        // A reader waiting for room (a full window of requests whose
+        // replies will never be written) would wait forever, holding the
+        // connection: it stops now.
+        flow.closed.store(true, Relaxed);
+        flow.room.notify_waiters();
     };
     let reader = async {
         let mut input = Input { r, shutdown, idle: settings.idle, closing: None };
@@ -258,7 +270,7 @@ pub(crate) async fn serve<T, S>(
             }
             loop {
                 if !flow.wait_room(&account).await {
-                    break 'conn Close::Overflow;
+                    break 'conn if account.is_overflowed() { Close::Overflow } else { Close::Error };
                 }
                 let (reply, close) = match session.next(&mut buf).await {
                     Step::More => break,

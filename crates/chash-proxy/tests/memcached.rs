@@ -1061,3 +1061,42 @@ fn http_requests_are_hung_up_on() {
     let (_, stats) = rproxy.admin("GET", "/stats", "");
     assert!(stats.contains("\"http_refused\": 3"), "{stats}");
 }
+
+/// A client that pipelines more large multi-gets than its window holds
+/// and goes away without reading is let go of: its connection is closed
+/// and uncounted (before, its reader waited for room that the dead writer
+/// would never make, holding the socket: the soak found 230 such fds in
+/// four minutes).
+#[test]
+fn a_client_gone_with_a_full_window_is_let_go() {
+    let mc = memcacheds(2);
+    let proxy = Proxy::start(&support::config("  hash: md5\n", &refs(&mc)));
+    let mut c = proxy.client();
+    let keys: Vec<String> = (0..8).map(|i| format!("large:{i}")).collect();
+    for k in &keys {
+        assert_eq!(c.set(k, &vec![b'v'; 600_000]), "STORED\r\n");
+    }
+    let line = format!("get {}\r\n", keys.join(" "));
+    for _ in 0..5 {
+        let mut s = TcpStream::connect(proxy.addr).unwrap();
+        for _ in 0..50 {
+            if s.write_all(line.as_bytes()).is_err() {
+                break;
+            }
+        }
+        // Unread replies in its socket: the close is a reset.
+        thread::sleep(Duration::from_millis(100));
+        drop(s);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, stats) = proxy.admin("GET", "/stats", "");
+        // The one connection left is `c`.
+        if stats.contains("\"curr_connections\": 1,") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "connections are still held:\n{stats}");
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(c.get("large:0").map(|v| v.len()), Some(600_000));
+}
