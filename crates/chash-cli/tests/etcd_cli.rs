@@ -633,7 +633,9 @@ fn a_fleet_on_etcd_applies_every_change_everywhere() {
                     let m = &p.stats()["membership"];
                     let error = m["last_error"].as_str().unwrap();
                     assert!(error.contains("refused") && error.contains("revision"), "{error}");
-                    assert!(p.logged("refused, the last good config"), "{:?}", p.log.lock().unwrap());
+                    // The log line reaches the test through a pipe and a
+                    // reader thread: it may trail the counter under load.
+                    eventually(10, "the refusal is logged", || p.logged("refused, the last good config"));
                 }
                 assert_eq!(proxies.iter().map(Proxy::revision).collect::<Vec<_>>(), before);
                 let refs: Vec<&Proxy> = proxies.iter().collect();
@@ -668,7 +670,7 @@ fn a_fleet_on_etcd_applies_every_change_everywhere() {
                 link.restore();
                 let (_, revision, _) = stored(&url);
                 eventually(30, "the cut-off proxy converges after compaction", || proxies[2].revision() == revision);
-                assert!(proxies[2].logged("compacted"), "{:?}", proxies[2].log.lock().unwrap());
+                eventually(10, "the compaction is logged", || proxies[2].logged("compacted"));
                 let refs: Vec<&Proxy> = proxies.iter().collect();
                 placed_alike(&refs, "web", step).unwrap();
                 placed_alike(&refs, "pages", step).unwrap();
