@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use bytes::{Buf, Bytes, BytesMut};
 
+use super::errors::TOO_LARGE;
 use super::meta::{MetaCmd, MetaRequest};
 use super::reply::{has_values, is_values, values, ValuesScan, LINE, META, META_TO_MN, VALUES, VALUES_STREAMED};
 use super::request::{parse_more_keys, skip_discarded};
@@ -23,8 +24,6 @@ use crate::pool::Pool;
 const UNEXPECTED: &[u8] = b"SERVER_ERROR unexpected reply from the server\r\n";
 
 const NO_SERVER: &[u8] = b"SERVER_ERROR no live server in pool\r\n";
-
-const TOO_LARGE: &[u8] = b"SERVER_ERROR object too large for cache\r\n";
 
 fn server_error(server: &Server, e: &BackendError) -> Bytes {
     Bytes::from(format!("SERVER_ERROR backend {} {e}\r\n", server.id()))
@@ -688,6 +687,23 @@ fn stats_reply(pool: &Pool, shared: &Shared, group: Option<&[u8]>) -> Bytes {
     Bytes::from(out)
 }
 
+/// A multi-get's key whose part failed on `server`, asked of the key's
+/// next servers (failover).
+async fn one_key_elsewhere(
+    pool: &Arc<Pool>,
+    requester: &Requester,
+    server: &Arc<Server>,
+    key: &Bytes,
+    cmd: RetrievalCmd,
+    exptime: i64,
+) -> Result<Reply, BackendError> {
+    let mut data = BytesMut::new();
+    Request::Retrieval { cmd, exptime, keys: vec![key.clone()] }.encode(&mut data);
+    let failed = Err(BackendError::Gone);
+    let (_, one) = elsewhere(pool, requester, key, server.clone(), data.freeze(), VALUES, true, failed).await;
+    one
+}
+
 /// One part of a multi-get: its server, what came back, and its keys (kept
 /// only when failover may send them elsewhere).
 type PartResult = (Arc<Server>, Result<Reply, BackendError>, Vec<Bytes>);
@@ -718,11 +734,7 @@ async fn gathered_retrieval(
         if let (Some(r), Err(_)) = (&failover, &result) {
             // Each key of the group to its next server, one by one.
             for key in again {
-                let mut data = BytesMut::new();
-                Request::Retrieval { cmd, exptime, keys: vec![key.clone()] }.encode(&mut data);
-                let failed = Err(BackendError::Gone);
-                let (_, one) = elsewhere(&pool, r, &key, server.clone(), data.freeze(), VALUES, true, failed).await;
-                match one {
+                match one_key_elsewhere(&pool, r, &server, &key, cmd, exptime).await {
                     Ok(Reply::Whole(raw)) if is_values(&raw) => {
                         for v in values(&raw) {
                             found.entry(v.key).or_insert(v.raw);
@@ -862,11 +874,7 @@ fn streamed_retrieval(
         if let Some(r) = &failover {
             for (server, keys, _) in failed {
                 for key in keys {
-                    let mut data = BytesMut::new();
-                    Request::Retrieval { cmd, exptime, keys: vec![key.clone()] }.encode(&mut data);
-                    let gone = Err(BackendError::Gone);
-                    let (_, one) = elsewhere(&pool, r, &key, server.clone(), data.freeze(), VALUES, true, gone).await;
-                    if let Ok(Reply::Whole(raw)) = one {
+                    if let Ok(Reply::Whole(raw)) = one_key_elsewhere(&pool, r, &server, &key, cmd, exptime).await {
                         for v in values(&raw) {
                             hits += 1;
                             tail.extend_from_slice(&v.raw);

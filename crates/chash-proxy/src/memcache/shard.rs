@@ -429,7 +429,7 @@ where
                     let mut ignored = BytesMut::new();
                     store.execute(&delete, &mut ignored);
                     if !noreply {
-                        out.extend_from_slice(b"SERVER_ERROR object too large for cache\r\n");
+                        out.extend_from_slice(super::errors::TOO_LARGE);
                     }
                     discard = skip;
                 }
