@@ -347,6 +347,38 @@ async fn a_dead_server_costs_only_its_keys() {
     }
 }
 
+/// A reply that nobody waits for any more (the other part of a
+/// multi-server request failed first, and its client went on) leaves its
+/// client's account of unread reply bytes: before, its bytes stayed
+/// counted for ever, and a client that met enough such failures found its
+/// window shut for good, its next request never read.
+#[tokio::test(start_paused = true)]
+async fn a_reply_nobody_waits_for_leaves_the_clients_account() {
+    let shard = Shard::start();
+    let pool = pool("  timeout: 1000\n", std::slice::from_ref(&shard.name), None);
+    let mut c = Client::connect(&pool);
+    let value = "v".repeat(100_000);
+    assert_eq!(c.set("big", &value).await, "STORED\r\n");
+    let requester = crate::conn::requester(1 << 20);
+    let server = pool.state().server_for(b"big").unwrap().clone();
+    let framing = crate::memcache::VALUES;
+    // Dropped before its reply came, and after (the reply waiting in its
+    // channel): neither keeps its bytes on the account.
+    let early = server.submit(Bytes::from_static(b"get big\r\n"), framing, &requester).await;
+    drop(early);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(requester.account.held(), 0, "a reply dropped before it came");
+    let late = server.submit(Bytes::from_static(b"get big\r\n"), framing, &requester).await;
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(requester.account.held() >= 100_000, "a reply that came is counted until taken");
+    drop(late);
+    assert_eq!(requester.account.held(), 0, "a reply dropped unread");
+    // And one that is taken is counted off once.
+    let taken = server.submit(Bytes::from_static(b"get big\r\n"), framing, &requester).await;
+    assert!(server.finish(taken).await.is_ok());
+    assert_eq!(requester.account.held(), 0);
+}
+
 /// For every distribution, 50 random membership changes through the admin
 /// path with `--persist`: after each, the config file as written, read
 /// fresh, places 100,000 keys where the live pool sends them.

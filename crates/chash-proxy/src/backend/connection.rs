@@ -27,7 +27,7 @@ use tokio::time::Instant;
 
 use super::framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Scan, Setup};
 use super::health::Health;
-use super::request::{accounted, Address, BackendError, BackendSettings, Job, ReplyAccount, ReplyTx};
+use super::request::{Address, BackendError, BackendSettings, Job, ReplyAccount, ReplyTx};
 use crate::stats::{Histogram, PerWorker, ServerCounters};
 
 type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
@@ -312,10 +312,7 @@ impl InFlight {
     /// Answers it now (if not yet); it stays in line for its reply.
     fn answer(&mut self, result: Result<Reply, BackendError>) {
         let Some(tx) = self.reply.take() else { return };
-        let result = match result {
-            Ok(reply) if !self.account.deliver(accounted(&reply)) => Err(BackendError::Overflow),
-            r => r,
-        };
+        let result = result.and_then(|reply| self.account.deliver(reply).ok_or(BackendError::Overflow));
         let _ = tx.send(result);
     }
 }
@@ -376,7 +373,8 @@ async fn run_connection(
         batch.clear();
         let c = slot.counters.local();
         let sent = Instant::now();
-        for job in jobs {
+        let mut jobs = jobs.into_iter();
+        while let Some(job) = jobs.next() {
             batch.extend_from_slice(&job.data);
             unqueue(c, &job);
             let bytes = job.data.len() as u64;
@@ -394,7 +392,13 @@ async fn run_connection(
                 bytes,
             };
             if let Err(mpsc::error::SendError(f)) = inflight_tx.send(inflight) {
-                f.settle(c, Err(BackendError::Closed("connection lost".into())));
+                // The reader has ended: this request and the rest of the
+                // batch get the connection's loss.
+                let lost = BackendError::Closed("connection lost".into());
+                f.settle(c, Err(lost.clone()));
+                for job in jobs.by_ref() {
+                    fail(c, job, &lost);
+                }
                 return Some(ended_by_reader(reader.await));
             }
         }

@@ -37,12 +37,11 @@ pub use request::{Address, BackendError, BackendSettings, ReplyAccount, Requeste
 
 use crate::stats::{described, Desc, Histogram, HistogramValues, PerWorker, ServerCounters, ServerEvents};
 use crate::workers::Workers;
-use request::{accounted, Job};
+use request::{Delivered, Job};
 
 /// A submitted request's reply.
 pub struct Pending {
-    rx: oneshot::Receiver<Result<Reply, BackendError>>,
-    account: Arc<ReplyAccount>,
+    rx: oneshot::Receiver<Result<Delivered, BackendError>>,
 }
 
 /// A server and its connections.
@@ -233,12 +232,11 @@ impl Server {
         c.in_queue.fetch_add(1, Relaxed);
         c.in_queue_bytes.fetch_add(len, Relaxed);
         let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
-        let account = requester.account.clone();
-        let job = Job { data, framing, frames: frames.max(1), reply: tx, account: account.clone(), deadline };
+        let job = Job { data, framing, frames: frames.max(1), reply: tx, account: requester.account.clone(), deadline };
         if let Err(mpsc::error::SendError(job)) = queue.send(job).await {
             connection::fail(c, job, &BackendError::Gone);
         }
-        Pending { rx, account }
+        Pending { rx }
     }
 
     /// A connection of the requester's own, in its dialect: an idle one
@@ -295,13 +293,12 @@ impl Server {
 
     /// Waits for a submitted request's reply and records the outcome.
     pub async fn finish(&self, pending: Pending) -> Result<Reply, BackendError> {
-        let Pending { rx, account } = pending;
-        let result = rx.await.unwrap_or_else(|_| Err(BackendError::Closed("connection reset".into())));
+        let result = match pending.rx.await {
+            Ok(result) => result.map(Delivered::take),
+            Err(_) => Err(BackendError::Closed("connection reset".into())),
+        };
         match &result {
-            Ok(reply) => {
-                account.taken(accounted(reply));
-                self.health.succeeded();
-            }
+            Ok(_) => self.health.succeeded(),
             Err(e) => {
                 let c = self.counters();
                 c.errors.fetch_add(1, Relaxed);

@@ -147,30 +147,59 @@ impl ReplyAccount {
         }
     }
 
-    /// A reply of `n` bytes arrives: `false` (and the account overflows)
-    /// when it already holds its limit.
-    pub(super) fn deliver(&self, n: usize) -> bool {
+    /// A reply arrives for this account's client: counted until the client
+    /// takes it, or `None` (and the account overflows) when it already
+    /// holds its limit.
+    pub(super) fn deliver(self: &Arc<Self>, reply: Reply) -> Option<Delivered> {
         if self.held.load(Relaxed) >= self.limit {
             if !self.overflowed.swap(true, Relaxed) {
                 self.notify.notify_waiters();
             }
-            return false;
+            return None;
         }
-        self.held.fetch_add(n, Relaxed);
-        true
+        let counted = accounted(&reply);
+        self.held.fetch_add(counted, Relaxed);
+        Some(Delivered { reply, counted, account: self.clone() })
     }
 
-    pub(super) fn taken(&self, n: usize) {
+    fn taken(&self, n: usize) {
         self.held.fetch_sub(n, Relaxed);
     }
 }
 
 /// Bytes a reply accounts for while it waits for its client (a stream's
 /// chunks are bounded by its channel instead).
-pub(super) fn accounted(reply: &Reply) -> usize {
+fn accounted(reply: &Reply) -> usize {
     match reply {
         Reply::Whole(b) => b.len(),
         Reply::Stream(_) => 0,
+    }
+}
+
+/// A reply sent towards its client, its bytes on the client's account
+/// until the client takes it ([`Delivered::take`]) or until it is dropped
+/// unread: a client that stopped waiting for it (the other parts of a
+/// multi-server request failed first, its connection closed) must not keep
+/// bytes on its account for ever, or its window would never open again.
+pub(super) struct Delivered {
+    reply: Reply,
+    counted: usize,
+    account: Arc<ReplyAccount>,
+}
+
+impl Delivered {
+    /// The reply, off the account.
+    pub(super) fn take(mut self) -> Reply {
+        self.account.taken(std::mem::take(&mut self.counted));
+        std::mem::replace(&mut self.reply, Reply::Whole(Bytes::new()))
+    }
+}
+
+impl Drop for Delivered {
+    fn drop(&mut self) {
+        if self.counted > 0 {
+            self.account.taken(self.counted);
+        }
     }
 }
 
@@ -189,7 +218,7 @@ pub struct Requester {
 }
 
 /// Where a request's reply is sent.
-pub(super) type ReplyTx = oneshot::Sender<Result<Reply, BackendError>>;
+pub(super) type ReplyTx = oneshot::Sender<Result<Delivered, BackendError>>;
 
 /// One request on its way to a server.
 pub(super) struct Job {
