@@ -743,7 +743,7 @@ async fn embedded_pool(memory: u64, listen: &str) -> Result<(PoolSpec, tokio::sy
 /// when there is one.
 fn announce(running: &Running, embedded: bool, log_file: bool) {
     for (pool, (name, addr)) in running.registry.pools().iter().zip(&running.listeners) {
-        let protocol = if pool.settings.redis { "Redis" } else { "memcached" };
+        let protocol = if pool.spec().redis { "Redis" } else { "memcached" };
         if log_file {
             tracing::info!("pool {name:?} serving {protocol} on {addr}");
         }

@@ -191,7 +191,7 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
             let drain = match (method, query_value(query, "drain")) {
                 (_, None) => None,
                 ("DELETE", Some(secs)) => match secs.parse::<u64>() {
-                    Ok(secs) if !pool.settings.redis => Some(std::time::Duration::from_secs(secs)),
+                    Ok(secs) if !pool.spec().redis => Some(std::time::Duration::from_secs(secs)),
                     Ok(_) => return error(400, "drain applies to memcached pools (warm-up reads memcached values)"),
                     Err(_) => return error(400, format!("drain={secs:?}: give whole seconds, e.g. drain=60")),
                 },
@@ -210,9 +210,11 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
                 ("POST", ["servers", id, "eject"]) => Edit::Eject((*id).to_owned()),
                 ("POST", ["servers", id, "restore"]) => Edit::Restore((*id).to_owned()),
                 ("GET", []) => return json_response(200, pool_json(&pool.stats(), true)),
-                _ => return error(404, format!("no such endpoint: {method} /pools/{}/{}", pool.name, rest.join("/"))),
+                _ => {
+                    return error(404, format!("no such endpoint: {method} /pools/{}/{}", pool.name(), rest.join("/")))
+                }
             };
-            match registry.edit_draining(&pool.name, &edit, drain) {
+            match registry.edit_draining(pool.name(), &edit, drain) {
                 Ok(change) => {
                     let mut v = json!(change);
                     if !change.persisted {

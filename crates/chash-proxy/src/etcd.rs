@@ -510,7 +510,7 @@ fn report(registry: &Registry, follow: &Follow) -> ProxyReport {
         .iter()
         .map(|p| {
             let s = p.stats();
-            (p.name.clone(), PoolReport { version: s.version, fingerprint: s.fingerprint })
+            (p.name().to_owned(), PoolReport { version: s.version, fingerprint: s.fingerprint })
         })
         .collect();
     ProxyReport {

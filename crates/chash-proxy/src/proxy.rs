@@ -180,23 +180,23 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         let dialects =
             if c.redis { crate::redis::handshake::dialects(c.redis_auth.as_deref(), c.redis_db) } else { vec![None] };
         let pool = Pool::start(spec.config, spec.addresses, workers.clone(), dialects).map_err(StartError::Pool)?;
-        let before_return = (!pool.settings.redis).then(|| crate::backend::Setup {
+        let before_return = (!pool.spec().redis).then(|| crate::backend::Setup {
             requests: vec![bytes::Bytes::from_static(b"flush_all\r\n")],
             framing: crate::memcache::LINE,
             check: |r| if r.starts_with(b"OK") { Ok(()) } else { Err(String::from_utf8_lossy(r).into_owned()) },
         });
-        pool.set_probe(probe(pool.settings.redis), before_return);
-        let listener = bind(&pool.settings.listen, pool.settings.backlog).map_err(|source| StartError::Listen {
-            what: format!("pool {:?}", pool.name),
-            addr: pool.settings.listen.clone(),
+        pool.set_probe(probe(pool.spec().redis), before_return);
+        let listener = bind(&pool.spec().listen, pool.spec().backlog).map_err(|source| StartError::Listen {
+            what: format!("pool {:?}", pool.name()),
+            addr: pool.spec().listen.clone(),
             source,
         })?;
         let addr = listener.local_addr().map_err(|source| StartError::Listen {
-            what: format!("pool {:?}", pool.name),
-            addr: pool.settings.listen.clone(),
+            what: format!("pool {:?}", pool.name()),
+            addr: pool.spec().listen.clone(),
             source,
         })?;
-        listeners.push((pool.name.clone(), addr));
+        listeners.push((pool.name().to_owned(), addr));
         bound.push((pool.clone(), listener));
         started.push(pool);
     }
@@ -271,20 +271,20 @@ async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>
             }
             Err(e) => {
                 // Out of file descriptors and the like: back off, keep serving.
-                tracing::warn!(pool = %pool.name, "accept failed: {e}");
+                tracing::warn!(pool = %pool.name(), "accept failed: {e}");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(1));
                 continue;
             }
         };
-        let limit = pool.settings.client_connections;
+        let limit = u64::from(pool.spec().client_connections);
         if limit > 0 && pool.open_connections() >= limit {
             pool.counters().rejected_connections.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             drop(stream);
             continue;
         }
         let _ = stream.set_nodelay(true);
-        tracing::debug!(pool = %pool.name, %peer, "client connected");
+        tracing::debug!(pool = %pool.name(), %peer, "client connected");
         let guard = ConnGuard::open(pool.all_counters().clone());
         let pool = pool.clone();
         let shared = shared.clone();
@@ -293,12 +293,12 @@ async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>
         workers.serve_tcp(stream, move |stream| async move {
             let stream = match stream {
                 Ok(s) => s,
-                Err(e) => return tracing::warn!(pool = %pool.name, "cannot hand a connection to a worker: {e}"),
+                Err(e) => return tracing::warn!(pool = %pool.name(), "cannot hand a connection to a worker: {e}"),
             };
             let o = &shared.options;
             let settings = ConnSettings { idle: o.client_idle_timeout, budget: o.client_buffer };
             let requester = crate::conn::requester(o.client_buffer);
-            if pool.settings.redis {
+            if pool.spec().redis {
                 let session = RedisSession::new(pool, shared.clone(), requester.clone());
                 crate::conn::serve(stream, session, requester, settings, stop, guard).await;
             } else {

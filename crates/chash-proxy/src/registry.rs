@@ -220,7 +220,7 @@ impl Registry {
             let result = match self.pool(&name) {
                 Some(pool) if pool.config() == new => continue,
                 Some(pool) => {
-                    if new.listen != pool.settings.listen {
+                    if new.listen != pool.spec().listen {
                         tracing::warn!(pool = %name, "listen address changed: takes effect after a restart");
                     }
                     pool.reload_stored(new)
@@ -247,7 +247,7 @@ impl Registry {
             }
             crate::pool::check_servers(&pool).map_err(|e| e.to_string())?;
             if let Some(running) = self.pool(name) {
-                if running.settings.redis != pool.redis {
+                if running.spec().redis != pool.redis {
                     return Err(format!(
                         "pool {name:?}: its protocol changed (redis: {}): that needs a restart",
                         pool.redis
@@ -257,8 +257,8 @@ impl Registry {
             pools.push(pool);
         }
         for pool in self.pools() {
-            if !pools.iter().any(|p| p.name == pool.name) {
-                tracing::warn!(pool = %pool.name, "gone from the config: still served until a restart");
+            if !pools.iter().any(|p| p.name == pool.name()) {
+                tracing::warn!(pool = %pool.name(), "gone from the config: still served until a restart");
             }
         }
         Ok(pools)
@@ -330,7 +330,7 @@ impl Registry {
 
     /// The pool named `name`.
     pub fn pool(&self, name: &str) -> Option<Arc<Pool>> {
-        self.pools().into_iter().find(|p| p.name == name)
+        self.pools().into_iter().find(|p| p.name() == name)
     }
 
     /// Every pool's counters now.
@@ -395,7 +395,7 @@ impl Registry {
             }
             let result = match self.pool(name) {
                 Some(pool) => {
-                    if pool_config.listen != pool.settings.listen {
+                    if pool_config.listen != pool.spec().listen {
                         tracing::warn!(pool = %name, "listen address changed: takes effect after a restart");
                     }
                     pool.reload(pool_config)
@@ -405,9 +405,12 @@ impl Registry {
             results.push((name.clone(), result));
         }
         for pool in self.pools() {
-            if !config.pools.iter().any(|(n, _)| *n == pool.name) {
+            if !config.pools.iter().any(|(n, _)| *n == pool.name()) {
                 let what = "gone from the config: still served until a restart";
-                results.push((pool.name.clone(), Err(PoolError::NeedsRestart { pool: pool.name.clone(), what })));
+                results.push((
+                    pool.name().to_owned(),
+                    Err(PoolError::NeedsRestart { pool: pool.name().to_owned(), what }),
+                ));
             }
         }
         Ok(results)

@@ -61,8 +61,7 @@ impl MemcacheSession {
     /// sends a request its server could not take to the key's next server
     /// (`failover: next`, replicas).
     fn failing_over(&self) -> Option<Requester> {
-        let s = &self.pool.settings;
-        (s.failover || s.replicas > 1).then(|| self.requester.clone())
+        self.pool.fails_over().then(|| self.requester.clone())
     }
 
     fn refused(&self, reply: &'static [u8]) -> PendingReply {
@@ -104,7 +103,7 @@ impl Session for MemcacheSession {
                     // An HTTP request line: nothing after it is read.
                     self.pool.counters().http_refused.fetch_add(1, Relaxed);
                     tracing::warn!(
-                        pool = %self.pool.name,
+                        pool = %self.pool.name(),
                         client = self.requester.affinity,
                         "possible security attack: an HTTP request on a memcached pool (a browser, or a request forgery aimed at the cache); connection closed"
                     );
@@ -235,7 +234,7 @@ impl MemcacheSession {
             _ => None,
         };
         let writes = matches!(m.cmd, MetaCmd::Set | MetaCmd::Delete | MetaCmd::Arith);
-        if writes && self.pool.settings.replicas > 1 && !to_mn && !m.quiet {
+        if writes && self.pool.replicas() > 1 && !to_mn && !m.quiet {
             return self.replicated(&m.real_key, data, META, false).await;
         }
         let failover = self.failing_over().map(|r| (r, m.real_key.clone()));
@@ -269,7 +268,7 @@ impl MemcacheSession {
                 }
             }
             if let (Some((r, key)), MetaCmd::Get, Ok(Reply::Whole(reply))) = (&failover, m.cmd, &result) {
-                if pool.settings.replicas > 1 && reply.starts_with(b"EN") {
+                if pool.replicas() > 1 && reply.starts_with(b"EN") {
                     let hit = |r: &[u8]| r.starts_with(b"VA ") || r.starts_with(b"HD");
                     if let Some(found) = Box::pin(other_replicas(&pool, r, key, &server, again, framing, hit)).await {
                         result = Ok(Reply::Whole(found));
@@ -297,7 +296,7 @@ impl MemcacheSession {
         let mut data = BytesMut::new();
         req.encode(&mut data);
         let data = data.freeze();
-        if self.pool.settings.replicas > 1 {
+        if self.pool.replicas() > 1 {
             return self.replicated(key, data, LINE, noreply).await;
         }
         let invalidation = match self.warming() {
@@ -392,7 +391,7 @@ impl MemcacheSession {
                 }
             }
             if let (Some((r, key)), Ok(Reply::Whole(raw))) = (&failover, &result) {
-                if pool.settings.replicas > 1 && is_values(raw) && !has_values(raw) {
+                if pool.replicas() > 1 && is_values(raw) && !has_values(raw) {
                     if let Some(hit) = Box::pin(other_replicas(&pool, r, key, &server, again, VALUES, has_values)).await
                     {
                         result = Ok(Reply::Whole(hit));
@@ -595,7 +594,7 @@ async fn gather_replicas(pool: &Pool, waits: Vec<(Arc<Server>, crate::backend::P
             }
             Err(e) => {
                 pool.counters().replica_failures.fetch_add(1, Relaxed);
-                tracing::warn!(pool = %pool.name, server = %server.id(), "replica write failed: {e}");
+                tracing::warn!(pool = %pool.name(), server = %server.id(), "replica write failed: {e}");
                 failure.get_or_insert_with(|| server_error(&server, &e));
             }
         }
@@ -784,7 +783,7 @@ async fn gathered_retrieval(
             }
         }
     }
-    if let (Some(r), true) = (&failover, pool.settings.replicas > 1) {
+    if let (Some(r), true) = (&failover, pool.replicas() > 1) {
         // Misses on a key's first replica: its other replicas.
         let missing: Vec<Bytes> = keys.iter().filter(|k| !found.contains_key(*k)).cloned().collect();
         for key in missing {

@@ -92,11 +92,11 @@ pub(crate) async fn fill(pool: &Arc<Pool>, requester: &Requester, to: &Arc<Serve
     if sources.is_empty() {
         return false;
     }
-    let limit = pool.settings.backend.timeout.unwrap_or(Duration::from_secs(1));
+    let limit = pool.backend().timeout.unwrap_or(Duration::from_secs(1));
     for attempt in 0..ATTEMPTS {
         // Not while a write of the stripe runs: afterwards, its server or
         // the previous ones (where it deleted the key) tell the truth.
-        let Some(copy) = pool.writes.begin_copy(key, limit).await else { return true };
+        let Some(copy) = pool.writes().begin_copy(key, limit).await else { return true };
         if attempt > 0 {
             // After a race: the key's server may have it now.
             let mut has = meta_command("mg", key, "");
@@ -116,7 +116,7 @@ pub(crate) async fn fill(pool: &Arc<Pool>, requester: &Requester, to: &Arc<Serve
         let ttl = match found.ttl {
             Some(Some(t)) => t,
             Some(None) => 0,
-            None => pool.settings.warmup_ttl,
+            None => pool.spec().warmup_ttl,
         };
         // `ms <key> <len> [b] F.. T.. ME c`: stored only if absent (a write
         // that got there first wins); its CAS names this copy.
@@ -182,7 +182,7 @@ impl Invalidation {
         if sources.is_empty() {
             return None;
         }
-        let stripe = pool.writes.begin_write(key);
+        let stripe = pool.writes().begin_write(key);
         let mut deletes = Vec::with_capacity(sources.len());
         for source in sources {
             let mut delete = meta_command("md", key, "");
@@ -200,8 +200,8 @@ impl Invalidation {
                 self.pool.counters().warmup_deletes.fetch_add(1, Relaxed);
             }
         }
-        let limit = self.pool.settings.backend.timeout.unwrap_or(Duration::from_secs(1));
-        self.pool.writes.end_write(self.stripe, limit).await;
+        let limit = self.pool.backend().timeout.unwrap_or(Duration::from_secs(1));
+        self.pool.writes().end_write(self.stripe, limit).await;
     }
 }
 

@@ -61,7 +61,7 @@ const MAX_TRANSACTION: usize = 100_000;
 impl RedisSession {
     pub(crate) fn new(pool: Arc<Pool>, shared: Arc<Shared>, requester: Requester) -> RedisSession {
         let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value(true).max(512) };
-        let authed = pool.settings.redis_auth.is_none();
+        let authed = pool.spec().redis_auth.is_none();
         RedisSession {
             pool,
             shared,
@@ -123,7 +123,7 @@ impl RedisSession {
     fn http_refused(&self) -> Step {
         self.pool.counters().http_refused.fetch_add(1, Relaxed);
         tracing::warn!(
-            pool = %self.pool.name,
+            pool = %self.pool.name(),
             client = self.requester.affinity,
             "possible security attack: an HTTP request on a Redis pool (a browser, or a request forgery aimed at the cache); connection closed"
         );
@@ -457,12 +457,11 @@ impl RedisSession {
             "COMMAND" => ready(b"*0\r\n"),
             "INFO" => ready_owned(bulk(info(pool, &self.shared).as_bytes())),
             "SELECT" if args.len() == 2 => {
-                if std::str::from_utf8(&args[1]).ok().and_then(|d| d.parse::<u32>().ok())
-                    == Some(pool.settings.redis_db)
+                if std::str::from_utf8(&args[1]).ok().and_then(|d| d.parse::<u32>().ok()) == Some(pool.spec().redis_db)
                 {
                     ready(b"+OK\r\n")
                 } else {
-                    err(pool, format!("ERR this pool serves database {} only (redis_db)", pool.settings.redis_db))
+                    err(pool, format!("ERR this pool serves database {} only (redis_db)", pool.spec().redis_db))
                 }
             }
             "AUTH" if args.len() == 2 || args.len() == 3 => self.auth(&args[args.len() - 1]),
@@ -546,7 +545,7 @@ impl RedisSession {
                     "id={} name={} db={} lib-name={} lib-ver={}\n",
                     self.requester.affinity,
                     text(&self.name),
-                    self.pool.settings.redis_db,
+                    self.pool.spec().redis_db,
                     text(&self.lib[0]),
                     text(&self.lib[1])
                 );
@@ -574,7 +573,7 @@ impl RedisSession {
 
     fn auth(&mut self, password: &[u8]) -> PendingReply {
         let pool = &self.pool;
-        match &pool.settings.redis_auth {
+        match &pool.spec().redis_auth {
             None => err(
                 pool,
                 "ERR AUTH <password> called without any password configured for the default user. Are you sure \

@@ -1,0 +1,387 @@
+//! A server pool: its servers, their health, and the routing snapshot that
+//! places keys on the servers that are live.
+//!
+//! Readers (client connections) load the current [`PoolState`] without a
+//! lock. Every change (a server added, removed, re-weighted, ejected or
+//! restored, or a config reload) builds a new state under the pool's change
+//! lock and swaps it in: requests already sent keep their server (they hold
+//! it), new requests see the new placement, and nothing in flight is
+//! dropped. State that changes per request lives beside the placement, in
+//! the [`Server`]s, which every state shares: health, counters, and the
+//! load a `bounded` pool places by.
+//!
+//! - here: [`Pool`] (its servers, settings and counters; where a key goes
+//!   now, bounded load included);
+//! - `routing`: the state a change swaps in ([`PoolState`], [`Routing`],
+//!   [`Member`], [`Previous`]) and what a change moved, pure;
+//! - `change`: the change engine (edits, reloads, health changes);
+//! - `health`: ejection, failover, probes and retries;
+//! - `warm`: what warm-up shares between protocols (the placements a
+//!   change replaced, and the write tracking that keeps copies from
+//!   overtaking writes);
+//! - `error`: [`PoolError`].
+
+mod change;
+mod error;
+mod health;
+mod routing;
+#[cfg(test)]
+mod tests;
+mod warm;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use chash::{Distribution, LineState, PoolConfig, ServerLine};
+
+use crate::backend::{Address, BackendSettings, FailureHook, Server, Setup};
+use crate::stats::{described, PerWorker, PoolCounters, PoolEvents, PoolSnapshot, ServerSnapshot};
+use crate::workers::Workers;
+
+pub use change::Change;
+pub use error::PoolError;
+use health::retry_task;
+use routing::next_random;
+#[cfg(test)]
+pub(crate) use routing::Routing;
+pub use routing::{Ejection, Member, PoolState, Previous};
+pub use warm::KeyWrites;
+
+/// A pool of servers.
+pub struct Pool {
+    name: String,
+    /// The config it started with: the settings beyond membership (listen
+    /// address, protocol, replicas, failover, ...), which a reload leaves
+    /// for a restart to change.
+    spec: PoolConfig,
+    /// What its server connections are made with.
+    backend: BackendSettings,
+    config: Mutex<PoolConfig>,
+    addresses: HashMap<String, Address>,
+    state: ArcSwap<PoolState>,
+    on_failure: FailureHook,
+    workers: Arc<Workers>,
+    counters: Arc<PerWorker<PoolCounters>>,
+    /// Writes and warm-up copies in flight (used during warm-up windows).
+    writes: KeyWrites,
+    /// How failed-over servers are probed, and what they get before they
+    /// are taken back.
+    probe: std::sync::OnceLock<(Setup, Option<Setup>)>,
+    /// Set while the state has warm-up sources.
+    warming: std::sync::atomic::AtomicBool,
+    /// Counters of events that are not per request.
+    events: PoolEvents,
+}
+
+impl fmt::Debug for Pool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool").field("name", &self.name).finish()
+    }
+}
+
+impl Pool {
+    /// Starts a pool's servers (their connections on `workers`) and its
+    /// health task. `addresses` maps server ids to where they are reached
+    /// when that is not the id itself; `dialects` are what every server
+    /// connection runs first. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// When the config cannot place keys (for example duplicate server ids).
+    pub fn start(
+        config: PoolConfig,
+        addresses: HashMap<String, Address>,
+        workers: Arc<Workers>,
+        dialects: Vec<Option<Setup>>,
+    ) -> Result<Arc<Pool>, PoolError> {
+        let backend = BackendSettings {
+            connections: config.server_connections as usize,
+            timeout: config.timeout,
+            preconnect: config.preconnect,
+            failure_limit: config.server_failure_limit,
+            dialects: if dialects.is_empty() { vec![None] } else { dialects },
+        };
+        // Ejection happens on the failing connection's thread, before the
+        // failed requests are answered: their clients' next requests go to
+        // the placement without the server.
+        let cell: Arc<std::sync::OnceLock<std::sync::Weak<Pool>>> = Arc::default();
+        let on_failure: FailureHook = {
+            let cell = cell.clone();
+            Arc::new(move |id: &str| {
+                if let Some(pool) = cell.get().and_then(std::sync::Weak::upgrade) {
+                    pool.server_failing(id);
+                }
+            })
+        };
+        let mut members = Vec::new();
+        for line in config.members() {
+            let address = address_of(line, &addresses, &config.name)?;
+            let server = Server::start(&workers, line.clone(), address, &backend, Some(on_failure.clone()));
+            let ejected = (line.state != LineState::Active).then_some(Ejection::Admin);
+            members.push(Member { line: line.clone(), server, ejected });
+        }
+        let placeholder = PoolState {
+            members: Vec::new(),
+            routing: None,
+            model: None,
+            version: String::new(),
+            fingerprint: String::new(),
+            previous: Vec::new(),
+            failover: false,
+        };
+        let pool = Arc::new(Pool {
+            name: config.name.clone(),
+            spec: config.clone(),
+            backend,
+            config: Mutex::new(config.clone()),
+            addresses,
+            state: ArcSwap::from_pointee(placeholder),
+            on_failure,
+            counters: Arc::new(PerWorker::new(workers.count())),
+            writes: KeyWrites::default(),
+            probe: std::sync::OnceLock::new(),
+            warming: std::sync::atomic::AtomicBool::new(false),
+            workers,
+            events: PoolEvents::default(),
+        });
+        pool.state.store(Arc::new(pool.state_for(&config, members)?));
+        let _ = cell.set(Arc::downgrade(&pool));
+        tokio::spawn(retry_task(Arc::downgrade(&pool)));
+        Ok(pool)
+    }
+
+    fn start_server(&self, line: ServerLine) -> Result<Arc<Server>, PoolError> {
+        let address = address_of(&line, &self.addresses, &self.name)?;
+        Ok(Server::start(&self.workers, line, address, &self.backend, Some(self.on_failure.clone())))
+    }
+
+    /// The pool name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The config the pool started with: its settings beyond membership
+    /// (which only a restart changes). Its membership may be out of date:
+    /// see [`Pool::config`].
+    pub fn spec(&self) -> &PoolConfig {
+        &self.spec
+    }
+
+    /// What its server connections are made with.
+    pub fn backend(&self) -> &BackendSettings {
+        &self.backend
+    }
+
+    /// Copies of each key (`replicas`, at least 1).
+    pub fn replicas(&self) -> usize {
+        self.spec.replicas.max(1) as usize
+    }
+
+    /// Whether a key whose server failed goes to its next candidate
+    /// (`failover: next`, or replicas).
+    pub fn fails_over(&self) -> bool {
+        self.spec.failover || self.replicas() > 1
+    }
+
+    /// Writes and warm-up copies in flight.
+    pub fn writes(&self) -> &KeyWrites {
+        &self.writes
+    }
+
+    /// Counters of events that are not per request.
+    pub fn events(&self) -> &PoolEvents {
+        &self.events
+    }
+
+    /// The workers the pool's connections run on.
+    pub fn workers(&self) -> &Arc<Workers> {
+        &self.workers
+    }
+
+    /// The calling worker's counters.
+    pub fn counters(&self) -> &PoolCounters {
+        self.counters.local()
+    }
+
+    /// Client connections open now.
+    pub fn open_connections(&self) -> u64 {
+        self.counters.all().fold(0u64, |n, c| n.wrapping_add(c.curr_connections.load(Relaxed)))
+    }
+
+    /// Every worker's counters (for a connection's drop guard).
+    pub(crate) fn all_counters(&self) -> &Arc<PerWorker<PoolCounters>> {
+        &self.counters
+    }
+
+    /// Swaps a new state in.
+    fn store(&self, state: Arc<PoolState>) {
+        self.warming.store(!state.previous.is_empty(), Relaxed);
+        self.state.store(state);
+    }
+
+    /// Whether a warm-up window is open (one relaxed load: the requests'
+    /// fast path asks it first).
+    pub fn warming(&self) -> bool {
+        self.warming.load(Relaxed)
+    }
+
+    /// The current state (lock-free).
+    pub(crate) fn state(&self) -> arc_swap::Guard<Arc<PoolState>> {
+        self.state.load()
+    }
+
+    /// The pool's config as it is now (changes applied).
+    pub fn config(&self) -> PoolConfig {
+        self.lock().clone()
+    }
+
+    /// The placement settings (distribution, hash, ...).
+    pub fn distribution(&self) -> Distribution {
+        self.lock().distribution
+    }
+
+    /// Every counter of the pool and its servers, now.
+    pub fn stats(&self) -> PoolSnapshot {
+        let state = self.state();
+        let per_worker = crate::stats::sum(self.counters.all().map(PoolCounters::values));
+        let counters =
+            described(PoolCounters::DESCS, per_worker).chain(described(PoolEvents::DESCS, self.events.values()));
+        PoolSnapshot {
+            name: self.name.clone(),
+            listen: self.spec.listen.clone(),
+            distribution: self.distribution().name(),
+            redis: self.spec.redis,
+            live_servers: state.live().count(),
+            counters: counters.collect(),
+            version: state.version.clone(),
+            fingerprint: state.fingerprint.clone(),
+            locally_ejected: state
+                .members
+                .iter()
+                .filter(|m| matches!(m.ejected, Some(Ejection::Auto(_))) || m.server.health().is_failed_over())
+                .map(|m| m.line.id.clone())
+                .collect(),
+            servers: state
+                .members
+                .iter()
+                .map(|m| ServerSnapshot {
+                    id: m.line.id.clone(),
+                    weight: m.line.weight,
+                    name: m.line.name.clone(),
+                    address: m.server.address().to_string(),
+                    state: m.state(),
+                    counters: m.server.counter_values(),
+                    latency: m.server.latency(),
+                })
+                .collect(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolConfig> {
+        self.config.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The server for `key`, holding one unit of load on it until the
+    /// returned guard drops when the pool bounds loads (`distribution:
+    /// bounded`); other placements take no load.
+    pub fn acquire(self: &Arc<Self>, key: &[u8]) -> Option<(Arc<Server>, Option<LoadRelease>)> {
+        let state = self.state.load();
+        let Some((bounded, snapshot, to_member)) = state.bounded() else {
+            if self.replicas() > 1 && self.spec.read_random {
+                let replicas = state.candidates(key, self.replicas());
+                return Some((replicas[(next_random() % replicas.len() as u64) as usize].clone(), None));
+            }
+            return state.server_for(key).map(|s| (s.clone(), None));
+        };
+        // Each server's load lives in its Server, which every placement of
+        // the pool shares: a change made while requests hold load leaves
+        // nothing behind.
+        let load_of = |node: usize| &state.members[to_member[node]].server.events.load;
+        let node = bounded.acquire_hash_in(snapshot.key_hash(key), load_of, &self.events.load)?;
+        let server = state.members[to_member[node]].server.clone();
+        Some((server.clone(), Some(LoadRelease { pool: self.clone(), server })))
+    }
+
+    /// The servers a write of `key` goes to: its first `replicas`
+    /// candidates that are not failed over.
+    pub fn replicas_for(&self, key: &[u8]) -> Vec<Arc<Server>> {
+        self.state.load().candidates(key, self.replicas())
+    }
+
+    /// With `failover: next` or replicas: the first of `key`'s candidates
+    /// not tried yet (and not failed over), for a request its server could
+    /// not take. `None` otherwise.
+    pub fn next_candidate(&self, key: &[u8], tried: &[Arc<Server>]) -> Option<Arc<Server>> {
+        if !self.fails_over() {
+            return None;
+        }
+        let state = self.state.load();
+        let all = state.members.len();
+        state.candidates(key, all).into_iter().find(|s| !tried.iter().any(|t| Arc::ptr_eq(s, t)))
+    }
+
+    /// The command a failed-over server is probed with (`version`,
+    /// `PING`), and the one it gets before it is taken back (memcached:
+    /// `flush_all`, since writes of its keys went to other servers while it
+    /// was out): set once, by the protocol the pool speaks.
+    pub fn set_probe(&self, probe: Setup, before_return: Option<Setup>) {
+        let _ = self.probe.set((probe, before_return));
+    }
+}
+
+/// Load held on a server of a `bounded` pool; given back on drop.
+pub struct LoadRelease {
+    pool: Arc<Pool>,
+    server: Arc<Server>,
+}
+
+impl Drop for LoadRelease {
+    fn drop(&mut self) {
+        let give_back = |c: &AtomicU64| {
+            let _ = c.fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1));
+        };
+        give_back(&self.server.events.load);
+        give_back(&self.pool.events.load);
+    }
+}
+
+/// Where a server is reached: its address override, else its id, which
+/// must then be `HOST:PORT` or a socket path.
+fn address_of(line: &ServerLine, addresses: &HashMap<String, Address>, pool: &str) -> Result<Address, PoolError> {
+    if let Some(a) = addresses.get(&line.id) {
+        return Ok(a.clone());
+    }
+    let address = Address::of_id(&line.id);
+    let reachable = match &address {
+        Address::Tcp(a) => {
+            a.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+        }
+        _ => true,
+    };
+    if reachable {
+        Ok(address)
+    } else {
+        Err(PoolError::BadAddress { pool: pool.to_owned(), line: line.to_string() })
+    }
+}
+
+/// Checks that every server of `config` names an address the proxy can
+/// connect to (the `-t` check; pools also check when they start).
+///
+/// # Errors
+/// [`PoolError::BadAddress`] for the first that does not.
+pub fn check_servers(config: &PoolConfig) -> Result<(), PoolError> {
+    for line in &config.servers {
+        address_of(line, &HashMap::new(), &config.name)?;
+    }
+    Ok(())
+}
+
+fn find(members: &[Member], id: &str, pool: &str) -> Result<usize, PoolError> {
+    members
+        .iter()
+        .position(|m| m.line.id == id)
+        .ok_or_else(|| PoolError::UnknownServer { pool: pool.to_owned(), id: id.to_owned() })
+}
