@@ -69,7 +69,7 @@ pub fn edit(
             let stored = etcd::read_config(&mut client, &target).await?;
             let edited = change(&stored.text).with_context(|| format!("{key} (revision {})", stored.revision))?;
             test_barrier(attempt).await;
-            match etcd::write_config(&mut client, &target, &edited.text, Some(stored.revision)).await {
+            match etcd::store::write_config(&mut client, &target, &edited.text, Some(stored.revision)).await {
                 Ok(revision) => break Written { edited, read: stored.revision, revision },
                 Err(e @ EtcdError::Conflict { .. }) if attempt < retry => {
                     attempt += 1;
@@ -126,7 +126,7 @@ pub fn put(url: &str, file: &std::path::Path, force: bool, retry: u32, wait: Opt
             }
             let expected = read.as_ref().map(|s| s.revision);
             test_barrier(attempt).await;
-            match etcd::write_config(&mut client, &target, &text, expected).await {
+            match etcd::store::write_config(&mut client, &target, &text, expected).await {
                 Ok(revision) => break (expected, revision),
                 Err(e @ EtcdError::Conflict { .. }) if attempt < retry => {
                     attempt += 1;
@@ -189,7 +189,7 @@ async fn wait_for(client: &mut Client, target: &EtcdTarget, revision: i64, secs:
     let started = Instant::now();
     let limit = Duration::from_secs_f64(secs.max(0.0));
     loop {
-        let proxies = etcd::read_proxies(client, target).await?;
+        let proxies = etcd::store::read_proxies(client, target).await?;
         let lagging: Vec<&ProxyReport> = proxies.iter().filter(|p| p.revision < revision).collect();
         if lagging.is_empty() {
             let took = started.elapsed().as_secs_f64();
@@ -258,7 +258,7 @@ pub fn status(url: &str, max_lag: f64) -> Result<bool> {
         let limit = Duration::from_secs_f64(max_lag.max(0.0));
         let (stored, proxies) = loop {
             let stored = etcd::read_config(&mut client, &target).await?;
-            let proxies = etcd::read_proxies(&mut client, &target).await?;
+            let proxies = etcd::store::read_proxies(&mut client, &target).await?;
             let out_of_time = started.elapsed() >= limit;
             if proxies.iter().any(|p| p.revision > stored.revision) && !out_of_time {
                 // Changed between the two reads: read both again.

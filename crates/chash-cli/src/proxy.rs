@@ -406,7 +406,7 @@ fn override_listen(pools: &mut [PoolConfig], overrides: &HashMap<String, String>
 
 /// A proxy following etcd: the follower task, stopped before the proxy.
 #[cfg(feature = "etcd")]
-type Follower = chash_proxy::etcd::Follower;
+type Follower = chash_proxy::etcd::follow::Follower;
 
 /// Without the etcd feature there is nothing to follow.
 #[cfg(not(feature = "etcd"))]
@@ -423,8 +423,8 @@ impl Follower {
 async fn membership_start(
     url: &str,
     cache: Option<&Path>,
-) -> Result<(chash_proxy::etcd::EtcdTarget, chash_proxy::etcd::Start, Vec<PoolConfig>)> {
-    use chash_proxy::etcd::{self, EtcdError, Start};
+) -> Result<(chash_proxy::etcd::EtcdTarget, chash_proxy::etcd::follow::Start, Vec<PoolConfig>)> {
+    use chash_proxy::etcd::{self, follow::Start, EtcdError};
     let target: etcd::EtcdTarget = url.parse()?;
     let key = target.config_key();
     let read = async {
@@ -456,7 +456,7 @@ async fn membership_start(
     let Some(cache) = cache else {
         bail!("cannot start: {unreachable}, and there is no --membership-cache FILE to start from");
     };
-    let (revision, text) = etcd::read_cache(cache)
+    let (revision, text) = etcd::follow::read_cache(cache)
         .map_err(|e| anyhow::anyhow!("cannot start: {unreachable}, and the membership cache cannot be used: {e}"))?;
     let pools = load_text(&text, &cache.display().to_string())
         .with_context(|| format!("cannot start: {unreachable}, and the membership cache is invalid"))?;
@@ -687,14 +687,14 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
             if start.from_cache { ", from the cache: etcd is unreachable" } else { "" },
             target.proxies_prefix(),
         );
-        let follow = chash_proxy::etcd::Follow {
+        let follow = chash_proxy::etcd::follow::Follow {
             target,
             proxy_id,
             admin: running.admin.map(|a| format!("http://{a}")),
             cache: args.membership_cache.clone(),
             start,
         };
-        chash_proxy::etcd::follow(running.registry.clone(), follow)
+        chash_proxy::etcd::follow::follow(running.registry.clone(), follow)
     });
     #[cfg(not(feature = "etcd"))]
     let follower: Option<Follower> = None;

@@ -191,8 +191,15 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
             let drain = match (method, query_value(query, "drain")) {
                 (_, None) => None,
                 ("DELETE", Some(secs)) => match secs.parse::<u64>() {
-                    Ok(secs) if !pool.spec().redis => Some(std::time::Duration::from_secs(secs)),
-                    Ok(_) => return error(400, "drain applies to memcached pools (warm-up reads memcached values)"),
+                    Ok(secs) if crate::protocols::of(pool.spec()).drains() => {
+                        Some(std::time::Duration::from_secs(secs))
+                    }
+                    Ok(_) => {
+                        return error(
+                            400,
+                            format!("drain does not apply to {} pools (warm-up reads cached values)", pool.protocol()),
+                        )
+                    }
                     Err(_) => return error(400, format!("drain={secs:?}: give whole seconds, e.g. drain=60")),
                 },
                 (_, Some(_)) => return error(400, "drain goes with DELETE /pools/POOL/servers/ID"),
@@ -269,7 +276,7 @@ fn pool_json(p: &PoolSnapshot, counters: bool) -> Value {
         "name": p.name,
         "listen": p.listen,
         "distribution": p.distribution,
-        "protocol": if p.redis { "redis" } else { "memcached" },
+        "protocol": p.protocol,
         "servers": servers,
         "live_servers": p.live_servers,
         "membership_version": p.version,

@@ -40,6 +40,8 @@ pub mod etcd;
 pub mod memcache;
 mod options;
 mod pool;
+mod protocol;
+mod protocols;
 mod proxy;
 pub mod redis;
 mod registry;

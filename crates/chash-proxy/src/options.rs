@@ -5,15 +5,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Default largest value accepted from memcached clients (memcached's
-/// default item size).
-pub const DEFAULT_MAX_VALUE: usize = 1024 * 1024;
-
-/// Default largest argument accepted from Redis clients: four times the
-/// largest values twemproxy's own tests store; a value is held whole while
-/// it is received (see the README).
-pub const DEFAULT_MAX_REDIS_VALUE: usize = 64 << 20;
-
 /// Default time a graceful shutdown waits for in-flight requests.
 pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 
@@ -113,9 +104,10 @@ impl Default for ProxyOptions {
 }
 
 impl ProxyOptions {
-    /// The largest value a pool's clients may send.
-    pub fn max_value(&self, redis: bool) -> usize {
-        self.max_value_size.unwrap_or(if redis { DEFAULT_MAX_REDIS_VALUE } else { DEFAULT_MAX_VALUE })
+    /// The largest value a pool's clients may send: `--max-value-size`,
+    /// else the protocol's `default`.
+    pub fn max_value(&self, default: usize) -> usize {
+        self.max_value_size.unwrap_or(default)
     }
 }
 

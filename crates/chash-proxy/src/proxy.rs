@@ -14,10 +14,8 @@ use tokio::sync::watch;
 
 use crate::backend::Address;
 use crate::conn::{ConnGuard, ConnSettings};
-use crate::memcache::session::MemcacheSession;
 use crate::options::{ProxyOptions, Shared};
 use crate::pool::{Pool, PoolError};
-use crate::redis::session::RedisSession;
 use crate::registry::Registry;
 use crate::workers::Workers;
 
@@ -141,24 +139,6 @@ async fn bind_tcp(what: &str, addr: SocketAddr) -> Result<TcpListener, StartErro
     })
 }
 
-/// What a failed-over server is probed with: memcached's `version`, or
-/// Redis's `PING`.
-fn probe(redis: bool) -> crate::backend::Setup {
-    if redis {
-        crate::backend::Setup {
-            requests: vec![bytes::Bytes::from_static(b"*1\r\n$4\r\nPING\r\n")],
-            framing: crate::redis::resp::WHOLE,
-            check: |r| if r.starts_with(b"+PONG") { Ok(()) } else { Err(String::from_utf8_lossy(r).into_owned()) },
-        }
-    } else {
-        crate::backend::Setup {
-            requests: vec![bytes::Bytes::from_static(b"version\r\n")],
-            framing: crate::memcache::LINE,
-            check: |r| if r.starts_with(b"VERSION") { Ok(()) } else { Err(String::from_utf8_lossy(r).into_owned()) },
-        }
-    }
-}
-
 /// Starts serving `pools` (each on its `listen` address) and, when asked,
 /// the admin endpoint and the stats port. Must be called inside a tokio
 /// runtime.
@@ -176,16 +156,8 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         None => Workers::current(),
     };
     for spec in pools {
-        let c = &spec.config;
-        let dialects =
-            if c.redis { crate::redis::handshake::dialects(c.redis_auth.as_deref(), c.redis_db) } else { vec![None] };
-        let pool = Pool::start(spec.config, spec.addresses, workers.clone(), dialects).map_err(StartError::Pool)?;
-        let before_return = (!pool.spec().redis).then(|| crate::backend::Setup {
-            requests: vec![bytes::Bytes::from_static(b"flush_all\r\n")],
-            framing: crate::memcache::LINE,
-            check: |r| if r.starts_with(b"OK") { Ok(()) } else { Err(String::from_utf8_lossy(r).into_owned()) },
-        });
-        pool.set_probe(probe(pool.spec().redis), before_return);
+        let speech = crate::protocols::of(&spec.config).speech(&spec.config);
+        let pool = Pool::start(spec.config, spec.addresses, workers.clone(), speech).map_err(StartError::Pool)?;
         let listener = bind(&pool.spec().listen, pool.spec().backlog).map_err(|source| StartError::Listen {
             what: format!("pool {:?}", pool.name()),
             addr: pool.spec().listen.clone(),
@@ -298,13 +270,8 @@ async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>
             let o = &shared.options;
             let settings = ConnSettings { idle: o.client_idle_timeout, budget: o.client_buffer };
             let requester = crate::conn::requester(o.client_buffer);
-            if pool.spec().redis {
-                let session = RedisSession::new(pool, shared.clone(), requester.clone());
-                crate::conn::serve(stream, session, requester, settings, stop, guard).await;
-            } else {
-                let session = MemcacheSession::new(pool, shared.clone(), requester.clone());
-                crate::conn::serve(stream, session, requester, settings, stop, guard).await;
-            }
+            let client = crate::protocol::Client { pool, shared, requester, settings, stop, guard };
+            crate::protocols::of(client.pool.spec()).serve(stream, client).await;
         });
     }
 }

@@ -247,11 +247,9 @@ impl Registry {
             }
             crate::pool::check_servers(&pool).map_err(|e| e.to_string())?;
             if let Some(running) = self.pool(name) {
-                if running.spec().redis != pool.redis {
-                    return Err(format!(
-                        "pool {name:?}: its protocol changed (redis: {}): that needs a restart",
-                        pool.redis
-                    ));
+                let (was, now) = (running.protocol(), crate::protocols::of(&pool).name());
+                if was != now {
+                    return Err(format!("pool {name:?}: its protocol changed ({was} to {now}): that needs a restart"));
                 }
             }
             pools.push(pool);

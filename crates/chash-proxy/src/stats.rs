@@ -375,8 +375,8 @@ pub struct PoolSnapshot {
     pub listen: String,
     /// Its distribution's name.
     pub distribution: &'static str,
-    /// Whether it speaks Redis.
-    pub redis: bool,
+    /// The protocol it speaks (`memcached`, `redis`).
+    pub protocol: &'static str,
     /// Servers taking keys now.
     pub live_servers: usize,
     /// [`PoolCounters`] then [`PoolEvents`], summed over workers.

@@ -16,7 +16,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader, DuplexS
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::{memory, Address, Setup};
+use crate::backend::{memory, Address, Setup, Speech};
 use crate::conn::{ConnGuard, ConnSettings};
 use crate::memcache::session::MemcacheSession;
 use crate::memcache::shard::{serve_shard_client, Store};
@@ -95,7 +95,8 @@ fn pool(extra: &str, names: &[String], setup: Option<Setup>) -> Arc<Pool> {
         addresses.insert(format!("s{}", i + 1), Address::Memory(name.clone()));
     }
     let config = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap();
-    Pool::start(config, addresses, Workers::current(), vec![setup]).unwrap()
+    let speech = Speech { protocol: "memcached", dialects: vec![setup], probe: None, before_return: None };
+    Pool::start(config, addresses, Workers::current(), speech).unwrap()
 }
 
 /// Where the library places `key` in `pool`'s config: `s1`, `s2`, ...
@@ -401,7 +402,8 @@ async fn persisted_changes_rebuild(distribution: &str, n: u64) {
         }
         std::fs::write(&path, &yml).unwrap();
         let config = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap();
-        let pool = Pool::start(config, HashMap::new(), Workers::current(), vec![None]).unwrap();
+        let speech = Speech { protocol: "memcached", dialects: vec![None], probe: None, before_return: None };
+        let pool = Pool::start(config, HashMap::new(), Workers::current(), speech).unwrap();
         let options = ProxyOptions { config_path: Some(path.clone()), persist: true, ..Default::default() };
         let shared = Arc::new(Shared { options, started: std::time::Instant::now() });
         let registry = crate::registry::Registry::new(shared, vec![pool.clone()]);

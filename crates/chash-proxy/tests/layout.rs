@@ -377,8 +377,9 @@ fn protocol_folders_import_only_their_own() {
     let protocols = ["memcache", "redis"];
     for (module, targets) in krate.edges() {
         let own = module.first().filter(|m| protocols.contains(&m.as_str()));
-        // The crate root re-exports, and proxy.rs dispatches to both.
-        if module.is_empty() || module == ["proxy"] {
+        // The crate root re-exports, and protocols.rs picks a pool's
+        // protocol: the one place that names them all.
+        if module.is_empty() || module == ["protocols"] {
             continue;
         }
         for t in targets {
@@ -386,6 +387,85 @@ fn protocol_folders_import_only_their_own() {
             assert!(own == Some(theirs), "{} imports {}", krate.name(&module), krate.name(&t));
         }
     }
+}
+
+/// Outside the protocol folders (and the crate root and `protocols.rs`),
+/// no file knows a protocol: no identifier naming one (a `redis` field
+/// branched on, a session type) and no protocol bytes (a byte string that
+/// ends a command line). They ask the pool's protocol descriptor.
+#[test]
+fn only_protocol_folders_know_protocols() {
+    let krate = &crates()[1];
+    let mut found = Vec::new();
+    for (module, code) in &krate.files {
+        if module.is_empty() || module == &["protocols"] || ["memcache", "redis"].contains(&module[0].as_str()) {
+            continue;
+        }
+        let lower = code.to_ascii_lowercase();
+        for word in ["redis", "memcache"] {
+            if let Some(at) = lower.find(word) {
+                let line = code[..at].lines().count();
+                found.push(format!("{} names {word} (code line {line})", krate.name(module)));
+            }
+        }
+        let raw = std::fs::read_to_string(krate.src.join(krate.name(module))).unwrap();
+        for bytes in protocol_bytes(&strip_comments(&raw)) {
+            found.push(format!("{} writes protocol bytes {bytes:?}", krate.name(module)));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// Byte-string literals that end a command line (`b"PING\r\n"`), other
+/// than blank lines (HTTP's `\r\n\r\n`), outside `#[cfg(test)]` modules.
+fn protocol_bytes(text: &str) -> Vec<String> {
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or_default();
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("b\"") {
+        let body = &rest[at + 2..];
+        let end = body.find('"').unwrap_or(body.len());
+        let lit = &body[..end];
+        if lit.ends_with("\\r\\n") && !lit.replace("\\r\\n", "").is_empty() {
+            out.push(lit.to_owned());
+        }
+        rest = &body[end.min(body.len())..];
+        rest = rest.get(1..).unwrap_or_default();
+    }
+    out
+}
+
+/// Source without comments (string literals kept).
+fn strip_comments(text: &str) -> String {
+    text.lines().map(|l| l.split("//").next().unwrap_or_default()).collect::<Vec<_>>().join("\n")
+}
+
+/// The CLI's etcd writer (`etcd/store.rs`: compare-and-swap writes of the
+/// fleet's config) is not reachable from the proxy's runtime: no file of
+/// the proxy imports it, directly or through another.
+#[test]
+fn the_proxy_never_reaches_the_cli_etcd_writer() {
+    let krate = &crates()[1];
+    let store = vec!["etcd".to_owned(), "store".to_owned()];
+    assert!(krate.files.contains_key(&store), "etcd/store.rs moved: update this test");
+    let graph = krate.edges();
+    // Everything reachable from the crate root's runtime entry points.
+    let mut seen: BTreeSet<Vec<String>> = BTreeSet::new();
+    let mut todo: Vec<Vec<String>> = graph
+        .keys()
+        .filter(|m| m.first().is_some_and(|f| f != "etcd") || m.as_slice() == ["etcd", "follow"])
+        .cloned()
+        .collect();
+    while let Some(m) = todo.pop() {
+        if m == store || !seen.insert(m.clone()) {
+            continue;
+        }
+        for t in graph.get(&m).into_iter().flatten() {
+            assert!(t != &store, "{} imports the CLI's etcd writer ({})", krate.name(&m), krate.name(t));
+            todo.push(t.clone());
+        }
+    }
+    assert!(seen.contains(&vec!["etcd".to_owned(), "follow".to_owned()]));
 }
 
 /// The checker itself finds what it should.

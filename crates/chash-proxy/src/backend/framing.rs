@@ -112,3 +112,21 @@ impl fmt::Debug for Setup {
         f.debug_struct("Setup").field("requests", &self.requests.len()).finish()
     }
 }
+
+/// What a pool's servers speak, as its protocol describes it: the
+/// protocol's name, each dialect's set-up (at least one), the probe a
+/// failed-over server must pass before it is taken back, and what it gets
+/// then.
+#[derive(Clone)]
+pub struct Speech {
+    /// `memcached`, `redis`.
+    pub protocol: &'static str,
+    /// What each dialect's connections run first (a request names its
+    /// dialect by index).
+    pub dialects: Vec<Option<Setup>>,
+    /// What a failed-over server is probed with (`None`: its connections'
+    /// state decides).
+    pub probe: Option<Setup>,
+    /// What it gets before it is taken back.
+    pub before_return: Option<Setup>,
+}

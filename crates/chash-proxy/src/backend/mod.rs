@@ -31,7 +31,7 @@ use chash::ServerLine;
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use connection::sleep_until_opt;
-pub use framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Scan, Setup};
+pub use framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Scan, Setup, Speech};
 pub use health::{FailureHook, Health};
 pub use request::{Address, BackendError, BackendSettings, ReplyAccount, Requester};
 

@@ -12,6 +12,7 @@ mod errors;
 /// included, is what they speak).
 pub const MEMCACHED_VERSION: &str = "1.6.18";
 pub mod meta;
+pub(crate) mod protocol;
 pub mod reply;
 pub mod request;
 pub(crate) mod session;

@@ -13,6 +13,10 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use super::errors::{BAD_CHUNK, BAD_EXPTIME, BAD_FORMAT, ERROR, TOO_LARGE};
 use super::meta::{parse_meta, MetaCmd, MetaParsed, MetaRequest};
 
+/// Default largest value accepted from memcached clients (memcached's
+/// default item size).
+pub const DEFAULT_MAX_VALUE: usize = 1024 * 1024;
+
 /// memcached's key length limit.
 pub const MAX_KEY_LEN: usize = 250;
 

@@ -46,7 +46,7 @@ pub(crate) struct MemcacheSession {
 impl MemcacheSession {
     pub(crate) fn new(pool: Arc<Pool>, shared: Arc<Shared>, requester: Requester) -> MemcacheSession {
         let o = &shared.options;
-        let limits = Limits { max_value: o.max_value(false), lenient_keys: o.lenient_keys };
+        let limits = Limits { max_value: o.max_value(super::request::DEFAULT_MAX_VALUE), lenient_keys: o.lenient_keys };
         MemcacheSession { pool, shared, requester, limits, discard: 0, skip_line: false, continuing: None }
     }
 
@@ -653,7 +653,7 @@ fn stats_reply(pool: &Pool, shared: &Shared, group: Option<&[u8]>) -> Bytes {
             let o = &shared.options;
             return Bytes::from(format!(
                 "STAT item_size_max {}\r\nSTAT idle_timeout {}\r\nEND\r\n",
-                o.max_value(false),
+                o.max_value(super::request::DEFAULT_MAX_VALUE),
                 o.client_idle_timeout.map_or(0, |d| d.as_secs())
             ));
         }

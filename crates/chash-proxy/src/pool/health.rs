@@ -12,6 +12,12 @@ use super::{find, Ejection, Pool, PoolError};
 use crate::backend::{Server, Setup};
 
 impl Pool {
+    /// Starts the task that retries ejected servers and prunes warm-up
+    /// sources; it ends with the pool.
+    pub(super) fn start_retries(self: &Arc<Self>) {
+        tokio::spawn(retry_task(Arc::downgrade(self)));
+    }
+
     /// A server reached its failure limit.
     pub(super) fn server_failing(self: &Arc<Self>, id: &str) {
         if self.fails_over() {
@@ -100,8 +106,8 @@ async fn probe_task(pool: std::sync::Weak<Pool>, server: Arc<Server>) {
             server.health().recover();
             return;
         }
-        let ok = match pool.probe.get() {
-            Some((probe, _)) => ask(&server, probe, &requester).await,
+        let ok = match &pool.probe {
+            Some(probe) => ask(&server, probe, &requester).await,
             None => !server.is_down(),
         };
         if !ok {
@@ -110,7 +116,7 @@ async fn probe_task(pool: std::sync::Weak<Pool>, server: Arc<Server>) {
         }
         let since = *up_since.get_or_insert_with(Instant::now);
         if since.elapsed() >= pool.spec.server_retry_timeout {
-            if let Some((_, Some(before))) = pool.probe.get() {
+            if let Some(before) = &pool.before_return {
                 if !ask(&server, before, &requester).await {
                     up_since = None;
                     continue;
@@ -131,7 +137,7 @@ async fn ask(server: &Server, probe: &Setup, requester: &crate::backend::Request
 }
 
 /// Gives auto-ejected servers another chance when their time is up.
-pub(super) async fn retry_task(pool: std::sync::Weak<Pool>) {
+async fn retry_task(pool: std::sync::Weak<Pool>) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

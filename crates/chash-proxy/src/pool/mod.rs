@@ -37,17 +37,15 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use chash::{Distribution, LineState, PoolConfig, ServerLine};
 
-use crate::backend::{Address, BackendSettings, FailureHook, Server, Setup};
+use crate::backend::{Address, BackendSettings, FailureHook, Server, Setup, Speech};
 use crate::stats::{described, PerWorker, PoolCounters, PoolEvents, PoolSnapshot, ServerSnapshot};
 use crate::workers::Workers;
 
-pub use change::Change;
 pub use error::PoolError;
-use health::retry_task;
 use routing::next_random;
 #[cfg(test)]
 pub(crate) use routing::Routing;
-pub use routing::{Ejection, Member, PoolState, Previous};
+pub use routing::{Change, Ejection, Member, PoolState, Previous};
 pub use warm::KeyWrites;
 
 /// A pool of servers.
@@ -67,9 +65,12 @@ pub struct Pool {
     counters: Arc<PerWorker<PoolCounters>>,
     /// Writes and warm-up copies in flight (used during warm-up windows).
     writes: KeyWrites,
-    /// How failed-over servers are probed, and what they get before they
-    /// are taken back.
-    probe: std::sync::OnceLock<(Setup, Option<Setup>)>,
+    /// The protocol its servers speak.
+    protocol: &'static str,
+    /// What a failed-over server is probed with, and what it gets before
+    /// it is taken back.
+    probe: Option<Setup>,
+    before_return: Option<Setup>,
     /// Set while the state has warm-up sources.
     warming: std::sync::atomic::AtomicBool,
     /// Counters of events that are not per request.
@@ -85,23 +86,23 @@ impl fmt::Debug for Pool {
 impl Pool {
     /// Starts a pool's servers (their connections on `workers`) and its
     /// health task. `addresses` maps server ids to where they are reached
-    /// when that is not the id itself; `dialects` are what every server
-    /// connection runs first. Must be called inside a tokio runtime.
+    /// when that is not the id itself; `speech` is what its servers speak
+    /// (its protocol's description). Must be called inside a tokio runtime.
     ///
     /// # Errors
     /// When the config cannot place keys (for example duplicate server ids).
-    pub fn start(
+    pub(crate) fn start(
         config: PoolConfig,
         addresses: HashMap<String, Address>,
         workers: Arc<Workers>,
-        dialects: Vec<Option<Setup>>,
+        speech: Speech,
     ) -> Result<Arc<Pool>, PoolError> {
         let backend = BackendSettings {
             connections: config.server_connections as usize,
             timeout: config.timeout,
             preconnect: config.preconnect,
             failure_limit: config.server_failure_limit,
-            dialects: if dialects.is_empty() { vec![None] } else { dialects },
+            dialects: if speech.dialects.is_empty() { vec![None] } else { speech.dialects },
         };
         // Ejection happens on the failing connection's thread, before the
         // failed requests are answered: their clients' next requests go to
@@ -141,14 +142,16 @@ impl Pool {
             on_failure,
             counters: Arc::new(PerWorker::new(workers.count())),
             writes: KeyWrites::default(),
-            probe: std::sync::OnceLock::new(),
+            protocol: speech.protocol,
+            probe: speech.probe,
+            before_return: speech.before_return,
             warming: std::sync::atomic::AtomicBool::new(false),
             workers,
             events: PoolEvents::default(),
         });
         pool.state.store(Arc::new(pool.state_for(&config, members)?));
         let _ = cell.set(Arc::downgrade(&pool));
-        tokio::spawn(retry_task(Arc::downgrade(&pool)));
+        pool.start_retries();
         Ok(pool)
     }
 
@@ -252,7 +255,7 @@ impl Pool {
             name: self.name.clone(),
             listen: self.spec.listen.clone(),
             distribution: self.distribution().name(),
-            redis: self.spec.redis,
+            protocol: self.protocol,
             live_servers: state.live().count(),
             counters: counters.collect(),
             version: state.version.clone(),
@@ -322,12 +325,9 @@ impl Pool {
         state.candidates(key, all).into_iter().find(|s| !tried.iter().any(|t| Arc::ptr_eq(s, t)))
     }
 
-    /// The command a failed-over server is probed with (`version`,
-    /// `PING`), and the one it gets before it is taken back (memcached:
-    /// `flush_all`, since writes of its keys went to other servers while it
-    /// was out): set once, by the protocol the pool speaks.
-    pub fn set_probe(&self, probe: Setup, before_return: Option<Setup>) {
-        let _ = self.probe.set((probe, before_return));
+    /// The protocol its servers speak (`memcached`, `redis`).
+    pub fn protocol(&self) -> &'static str {
+        self.protocol
     }
 }
 

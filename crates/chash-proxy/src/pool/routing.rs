@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use chash::{AnyPlacement, PoolConfig, ServerLine, Snapshot};
+use chash::{AnyPlacement, Edit, PoolConfig, ServerLine, Snapshot};
 use tokio::time::Instant;
 
 use super::PoolError;
@@ -306,3 +306,27 @@ fn sampled(old: &PoolState, new: &PoolState, measure: Measure) -> f64 {
         _ => 0.0,
     }
 }
+
+/// What a membership change did.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Change {
+    /// What was done.
+    pub change: String,
+    /// Share of the key space that now goes to another server.
+    pub moved_fraction: f64,
+    /// Servers taking keys after the change.
+    pub live_servers: usize,
+    /// Whether the change was written to the config file (`--persist`).
+    pub persisted: bool,
+    /// The membership version after the change.
+    pub version: String,
+    /// The placement fingerprint after the change.
+    pub fingerprint: String,
+    /// Seconds the placement before the change stays a warm-up source
+    /// (`warmup`, or a drain); 0 when none.
+    pub warmup_seconds: u64,
+}
+
+/// Writes a pool's membership edit to the config file (`--persist`):
+/// `(pool, edit, config before, config after)`, or why it could not.
+pub type Persist<'a> = dyn Fn(&str, &Edit, &PoolConfig, &PoolConfig) -> Result<(), String> + Send + Sync + 'a;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use chash::{Edit, PoolConfig};
 
 use super::{Pool, PoolError};
-use crate::backend::Address;
+use crate::backend::{Address, Speech};
 use crate::workers::Workers;
 
 fn keys(n: usize) -> Vec<String> {
@@ -27,7 +27,8 @@ fn pool(extra: &str, n: usize) -> Arc<Pool> {
     }
     let addresses = (1..=9).map(|i| (format!("s{i}"), Address::Memory(format!("pool-unit-s{i}")))).collect();
     let config = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap();
-    Pool::start(config, addresses, Workers::current(), vec![None]).unwrap()
+    let speech = Speech { protocol: "test", dialects: vec![None], probe: None, before_return: None };
+    Pool::start(config, addresses, Workers::current(), speech).unwrap()
 }
 
 fn owner(pool: &Pool, key: &str) -> String {

@@ -22,5 +22,6 @@ pub(crate) mod command;
 pub(crate) mod commands;
 pub(crate) mod handshake;
 pub(crate) mod keyspec;
+pub(crate) mod protocol;
 pub mod resp;
 pub(crate) mod session;

@@ -8,6 +8,11 @@ use bytes::{Buf, Bytes, BytesMut};
 
 use crate::backend::{Frame, Framing, Large, Scan};
 
+/// Default largest argument accepted from Redis clients: four times the
+/// largest values twemproxy's own tests store; a value is held whole while
+/// it is received (see the README).
+pub const DEFAULT_MAX_VALUE: usize = 64 << 20;
+
 /// A reply still incomplete with this many bytes buffered is passed on as
 /// it arrives instead of being held whole.
 pub const STREAM_AFTER: usize = 256 * 1024;

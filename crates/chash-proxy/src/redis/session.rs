@@ -60,7 +60,10 @@ const MAX_TRANSACTION: usize = 100_000;
 
 impl RedisSession {
     pub(crate) fn new(pool: Arc<Pool>, shared: Arc<Shared>, requester: Requester) -> RedisSession {
-        let limits = RespLimits { max_args: 1 << 20, max_bulk: shared.options.max_value(true).max(512) };
+        let limits = RespLimits {
+            max_args: 1 << 20,
+            max_bulk: shared.options.max_value(super::resp::DEFAULT_MAX_VALUE).max(512),
+        };
         let authed = pool.spec().redis_auth.is_none();
         RedisSession {
             pool,

@@ -1,0 +1,46 @@
+//! What the proxy asks of a pool's protocol: one descriptor per protocol
+//! folder implements [`Protocol`], so that the dispatcher, the admin
+//! endpoint and the registry ask it instead of knowing protocols
+//! themselves (`protocols.rs` picks a pool's).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use chash::PoolConfig;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use crate::backend::{Requester, Speech};
+use crate::conn::{ConnGuard, ConnSettings};
+use crate::options::Shared;
+use crate::pool::Pool;
+
+/// A client connection accepted for a pool, and what serving it needs.
+pub(crate) struct Client {
+    pub pool: Arc<Pool>,
+    pub shared: Arc<Shared>,
+    pub requester: Requester,
+    pub settings: ConnSettings,
+    /// Flips to `true` when the proxy shuts down.
+    pub stop: watch::Receiver<bool>,
+    /// Counts the connection while it is served.
+    pub guard: ConnGuard,
+}
+
+/// A protocol the proxy speaks to clients and servers.
+pub(crate) trait Protocol: Send + Sync {
+    /// Its name in stats, logs and errors: `memcached`, `redis`.
+    fn name(&self) -> &'static str;
+
+    /// What a pool's servers speak: each dialect's set-up, and the probes
+    /// of a failed-over server.
+    fn speech(&self, config: &PoolConfig) -> Speech;
+
+    /// Whether a membership change may drain a removed server (its values
+    /// read from it, for a window, when they miss on their new server).
+    fn drains(&self) -> bool;
+
+    /// Serves one client connection until it ends.
+    fn serve(&self, stream: TcpStream, client: Client) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}

@@ -1,0 +1,16 @@
+//! The protocols the proxy speaks, and the one place that picks a pool's
+//! from its config (every other file outside the protocol folders asks the
+//! descriptor this returns; `tests/layout.rs` keeps it so).
+
+use chash::PoolConfig;
+
+use crate::protocol::Protocol;
+
+/// The protocol a pool's config asks for.
+pub(crate) fn of(config: &PoolConfig) -> &'static dyn Protocol {
+    if config.redis {
+        &crate::redis::protocol::REDIS
+    } else {
+        &crate::memcache::protocol::MEMCACHED
+    }
+}

@@ -1,0 +1,51 @@
+//! The Redis descriptor: what the proxy asks of a Redis pool.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use chash::PoolConfig;
+use tokio::net::TcpStream;
+
+use super::handshake::dialects;
+use super::resp::WHOLE;
+use super::session::RedisSession;
+use crate::backend::{Setup, Speech};
+use crate::protocol::{Client, Protocol};
+
+/// Redis (RESP2 and RESP3).
+pub(crate) struct Redis;
+
+/// The Redis descriptor.
+pub(crate) static REDIS: Redis = Redis;
+
+impl Protocol for Redis {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
+    fn speech(&self, config: &PoolConfig) -> Speech {
+        Speech {
+            protocol: self.name(),
+            dialects: dialects(config.redis_auth.as_deref(), config.redis_db),
+            // A failed-over server must answer `PING`. Nothing is flushed
+            // when it comes back: Redis keys are data, not a cache's.
+            probe: Some(Setup {
+                requests: vec![Bytes::from_static(b"*1\r\n$4\r\nPING\r\n")],
+                framing: WHOLE,
+                check: |r| if r.starts_with(b"+PONG") { Ok(()) } else { Err(String::from_utf8_lossy(r).into_owned()) },
+            }),
+            before_return: None,
+        }
+    }
+
+    /// Warm-up reads memcached values; a Redis pool does not drain.
+    fn drains(&self) -> bool {
+        false
+    }
+
+    fn serve(&self, stream: TcpStream, c: Client) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        let session = RedisSession::new(c.pool, c.shared, c.requester.clone());
+        Box::pin(crate::conn::serve(stream, session, c.requester, c.settings, c.stop, c.guard))
+    }
+}
