@@ -12,7 +12,9 @@ mod errors;
 /// included, is what they speak).
 pub const MEMCACHED_VERSION: &str = "1.6.18";
 pub mod meta;
+mod multiget;
 pub(crate) mod protocol;
+mod replies;
 pub mod reply;
 pub mod request;
 pub(crate) mod session;

@@ -17,9 +17,11 @@
 //! servers' RESP3 connections. Everything that cannot be routed by key is
 //! refused with an error naming the command and the reason.
 
+mod answers;
 pub(crate) mod command;
 #[rustfmt::skip]
 pub(crate) mod commands;
+mod errors;
 pub(crate) mod handshake;
 pub(crate) mod keyspec;
 pub(crate) mod protocol;
