@@ -272,13 +272,13 @@ async fn demo(args: DemoArgs) -> Result<()> {
     let ring_config = ring_spec.config.clone();
     let specs = vec![ring_spec, mod_spec, warm_spec, rep_spec, fo_spec];
     let running = chash_proxy::start(specs, ProxyOptions::default()).await?;
-    let ring = Cluster { addr: running.listeners[0].1, shards: ring_shards };
-    let modula = Cluster { addr: running.listeners[1].1, shards: mod_shards };
-    let warm = Cluster { addr: running.listeners[2].1, shards: warm_shards };
-    let (replicas_addr, failover_addr) = (running.listeners[3].1, running.listeners[4].1);
-    let ring_pool = running.registry.pool("ring").context("ring pool")?;
-    let mod_pool = running.registry.pool("modula").context("modula pool")?;
-    let warm_pool = running.registry.pool("warm").context("warm pool")?;
+    let ring = Cluster { addr: running.listeners()[0].1, shards: ring_shards };
+    let modula = Cluster { addr: running.listeners()[1].1, shards: mod_shards };
+    let warm = Cluster { addr: running.listeners()[2].1, shards: warm_shards };
+    let (replicas_addr, failover_addr) = (running.listeners()[3].1, running.listeners()[4].1);
+    let ring_pool = running.registry().pool("ring").context("ring pool")?;
+    let mod_pool = running.registry().pool("modula").context("modula pool")?;
+    let warm_pool = running.registry().pool("warm").context("warm pool")?;
 
     writeln!(
         out,

@@ -679,7 +679,7 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
     let running = chash_proxy::start(specs, options).await?;
     #[cfg(feature = "etcd")]
     let follower: Option<Follower> = membership.map(|(target, start)| {
-        let proxy_id = args.proxy_id.clone().unwrap_or_else(|| default_proxy_id(running.admin));
+        let proxy_id = args.proxy_id.clone().unwrap_or_else(|| default_proxy_id(running.admin()));
         eprintln!(
             "chash proxy: membership from {target} (key {}, revision {}{}), registered as {}{proxy_id}",
             target.config_key(),
@@ -690,11 +690,11 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
         let follow = chash_proxy::etcd::follow::Follow {
             target,
             proxy_id,
-            admin: running.admin.map(|a| format!("http://{a}")),
+            admin: running.admin().map(|a| format!("http://{a}")),
             cache: args.membership_cache.clone(),
             start,
         };
-        chash_proxy::etcd::follow::follow(running.registry.clone(), follow)
+        chash_proxy::etcd::follow::follow(running.registry().clone(), follow)
     });
     #[cfg(not(feature = "etcd"))]
     let follower: Option<Follower> = None;
@@ -742,7 +742,7 @@ async fn embedded_pool(memory: u64, listen: &str) -> Result<(PoolSpec, tokio::sy
 /// Says where the proxy serves: on standard error, and in the log file
 /// when there is one.
 fn announce(running: &Running, embedded: bool, log_file: bool) {
-    for (pool, (name, addr)) in running.registry.pools().iter().zip(&running.listeners) {
+    for (pool, (name, addr)) in running.registry().pools().iter().zip(running.listeners()) {
         let protocol = if pool.spec().redis { "Redis" } else { "memcached" };
         if log_file {
             tracing::info!("pool {name:?} serving {protocol} on {addr}");
@@ -751,7 +751,7 @@ fn announce(running: &Running, embedded: bool, log_file: bool) {
     }
     if embedded {
         eprintln!("chash proxy: no -c given: the pool is in front of three in-process cache shards (shard-a, shard-b, shard-c)");
-        if let Some((_, addr)) = running.listeners.first() {
+        if let Some((_, addr)) = running.listeners().first() {
             eprintln!(
                 "  try:  printf 'set greeting 0 0 5\\r\\nhello\\r\\nget greeting\\r\\n' | nc -q1 {} {}",
                 addr.ip(),
@@ -759,7 +759,7 @@ fn announce(running: &Running, embedded: bool, log_file: bool) {
             );
         }
     }
-    if let Some(stats) = running.stats {
+    if let Some(stats) = running.stats() {
         // Every interface: any of them answers, loopback too.
         let ip = if stats.ip().is_unspecified() { "127.0.0.1".to_owned() } else { stats.ip().to_string() };
         if log_file {
@@ -767,13 +767,13 @@ fn announce(running: &Running, embedded: bool, log_file: bool) {
         }
         eprintln!("chash proxy: stats (twemproxy's JSON) on {stats}  (curl --http0.9 -s {ip}:{})", stats.port());
     }
-    if let Some(admin) = running.admin {
+    if let Some(admin) = running.admin() {
         if log_file {
             tracing::info!("admin on http://{admin}");
         }
         eprintln!("chash proxy: admin on http://{admin}  (curl http://{admin}/stats)");
     }
-    if running.registry.membership().is_some() {
+    if running.registry().membership().is_some() {
         eprintln!("chash proxy: SIGHUP reopens the log (the config follows etcd), Ctrl-C stops");
     } else {
         eprintln!("chash proxy: SIGHUP reloads the config and reopens the log, Ctrl-C stops");
@@ -815,7 +815,7 @@ impl Signals {
                     // Logged at warning level, as every handled signal: an
                     // operator greps for it whatever the level.
                     // Said before the reopen: the line ends the old file.
-                    let reload = running.registry.shared.options.config_path.is_some();
+                    let reload = running.registry().shared().options.config_path.is_some();
                     let also = if reload { " and reloading the config" } else { " (no config file to reload)" };
                     tracing::warn!("signal 1 (SIGHUP) received: reopening the log file{also}");
                     log.reopen();
@@ -823,7 +823,7 @@ impl Signals {
                         continue;
                     }
                     // The registry logs what each pool did, or why not.
-                    if let Err(e) = running.registry.reload() {
+                    if let Err(e) = running.registry().reload() {
                         tracing::error!("reload failed, nothing changed: {e}");
                     }
                 }

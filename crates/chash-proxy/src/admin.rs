@@ -40,7 +40,7 @@ const MAX_HEAD: usize = 16 * 1024;
 const MAX_BODY: usize = 64 * 1024;
 
 /// Serves admin requests until shutdown.
-pub async fn serve(listener: TcpListener, registry: Arc<Registry>, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn serve(listener: TcpListener, registry: Arc<Registry>, mut stop: watch::Receiver<bool>) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -96,7 +96,7 @@ async fn handle(mut stream: TcpStream, registry: Arc<Registry>) -> std::io::Resu
         lines.filter_map(|l| l.split_once(':')).map(|(k, v)| (k.trim(), v.trim())).collect();
     let header = |name: &str| headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| *v);
     let length = header("content-length").and_then(|v| v.parse::<usize>().ok()).unwrap_or(0);
-    if let Some(token) = &registry.shared.options.admin_token {
+    if let Some(token) = &registry.shared().options.admin_token {
         if !matches!(method.as_str(), "GET" | "HEAD") && !bearer_matches(header("authorization"), token) {
             return write(
                 &mut stream,
@@ -302,7 +302,7 @@ fn stats_json(registry: &Registry, counters: bool) -> Value {
     let c = registry.config_status();
     let mut v = json!({
         "version": env!("CARGO_PKG_VERSION"),
-        "uptime_s": registry.shared.started.elapsed().as_secs(),
+        "uptime_s": registry.shared().started.elapsed().as_secs(),
         "config": {
             "path": c.path.map(|p| p.display().to_string()),
             "persist": c.persist,
@@ -359,7 +359,7 @@ fn metrics(registry: &Registry) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# HELP chash_uptime_seconds Seconds since the proxy started.");
     let _ = writeln!(out, "# TYPE chash_uptime_seconds gauge");
-    let _ = writeln!(out, "chash_uptime_seconds {}", registry.shared.started.elapsed().as_secs());
+    let _ = writeln!(out, "chash_uptime_seconds {}", registry.shared().started.elapsed().as_secs());
     let c = registry.config_status();
     let _ = writeln!(out, "# HELP chash_config_reload_failures_total Config reloads refused (a file that does not parse, or that a pool refuses); the last good config stays.");
     let _ = writeln!(out, "# TYPE chash_config_reload_failures_total counter");

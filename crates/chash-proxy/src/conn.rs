@@ -121,6 +121,9 @@ enum Close {
 pub(crate) struct ConnGuard {
     counters: Arc<PerWorker<PoolCounters>>,
     close: Option<Close>,
+    /// Held while the connection is open, so a shutdown can wait for the
+    /// last one (the receiver sees the channel close).
+    _open: Option<mpsc::Sender<()>>,
 }
 
 impl ConnGuard {
@@ -129,7 +132,14 @@ impl ConnGuard {
         let c = counters.local();
         c.curr_connections.fetch_add(1, Relaxed);
         c.total_connections.fetch_add(1, Relaxed);
-        ConnGuard { counters, close: None }
+        ConnGuard { counters, close: None, _open: None }
+    }
+
+    /// The connection also holds `open` (a clone of the proxy's), dropped
+    /// when it closes.
+    pub(crate) fn held_open(mut self, open: mpsc::Sender<()>) -> ConnGuard {
+        self._open = Some(open);
+        self
     }
 }
 

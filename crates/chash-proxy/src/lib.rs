@@ -32,6 +32,8 @@
 //! - [`embedded`] (`memcache/shard.rs`): in-process cache shards speaking
 //!   memcached, for the no-config default and the demo.
 
+#![warn(unreachable_pub)]
+
 mod admin;
 mod backend;
 mod conn;

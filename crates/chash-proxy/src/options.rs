@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Default time a graceful shutdown waits for in-flight requests.
-pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 
 /// Default budget of reply bytes a client may leave unread before the
 /// proxy stops reading its requests.
@@ -14,10 +14,10 @@ pub const DEFAULT_CLIENT_BUFFER: usize = 4 << 20;
 
 /// How often a watched config file is checked for changes; a change is
 /// applied once the file has stayed the same for one more interval.
-pub const WATCH_INTERVAL: Duration = Duration::from_millis(250);
+pub(crate) const WATCH_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Default interval of twemproxy's stats aggregation (its `-i`).
-pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Process-level options.
 #[derive(Clone, Debug)]

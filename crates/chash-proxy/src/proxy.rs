@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use chash::PoolConfig;
 use tokio::net::{TcpListener, TcpSocket};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::backend::Address;
 use crate::conn::{ConnGuard, ConnSettings};
@@ -76,38 +76,52 @@ impl std::error::Error for StartError {}
 /// A started proxy.
 #[derive(Debug)]
 pub struct Running {
-    /// The pools.
-    pub registry: Arc<Registry>,
-    /// Each pool's name and bound listen address.
-    pub listeners: Vec<(String, SocketAddr)>,
-    /// The admin endpoint's bound address.
-    pub admin: Option<SocketAddr>,
-    /// The stats port's bound address.
-    pub stats: Option<SocketAddr>,
+    registry: Arc<Registry>,
+    listeners: Vec<(String, SocketAddr)>,
+    admin: Option<SocketAddr>,
+    stats: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Ends (`None`) once every client connection is closed: each holds a
+    /// sender, and so do the accept loops until they stop.
+    connections: mpsc::Receiver<()>,
     workers: Arc<Workers>,
 }
 
 impl Running {
+    /// The pools.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Each pool's name and bound listen address (a `listen` on port 0
+    /// gets its port here).
+    pub fn listeners(&self) -> &[(String, SocketAddr)] {
+        &self.listeners
+    }
+
+    /// The admin endpoint's bound address.
+    pub fn admin(&self) -> Option<SocketAddr> {
+        self.admin
+    }
+
+    /// The stats port's bound address.
+    pub fn stats(&self) -> Option<SocketAddr> {
+        self.stats
+    }
+
     /// Stops accepting, lets open connections finish their in-flight
     /// requests (up to the drain time), and returns.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown.send(true);
-        let drain = self.registry.shared.options.drain;
-        let deadline = Instant::now() + drain;
+        let drain = self.registry.shared().options.drain;
+        let deadline = tokio::time::Instant::now() + drain;
         for t in std::mem::take(&mut self.tasks) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let _ = tokio::time::timeout(left, t).await;
+            let _ = tokio::time::timeout_at(deadline, t).await;
         }
-        // Wait for client connections to finish.
-        while Instant::now() < deadline {
-            let open: u64 = self.registry.pools().iter().map(|p| p.open_connections()).sum();
-            if open == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // The accept loops have stopped (their senders are gone): this
+        // ends when the last client connection closes.
+        let _ = tokio::time::timeout_at(deadline, self.connections.recv()).await;
         self.workers.stop();
     }
 }
@@ -175,11 +189,13 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
     let registry = Arc::new(Registry::new(shared.clone(), started));
     let mut tasks = Vec::new();
     let pool_count = bound.len();
+    let (open, connections) = mpsc::channel(1);
     for (pool, listener) in bound {
         let shared = shared.clone();
         let stop = shutdown.subscribe();
-        tasks.push(tokio::spawn(accept_loop(listener, pool, shared, stop)));
+        tasks.push(tokio::spawn(accept_loop(listener, pool, shared, stop, open.clone())));
     }
+    drop(open);
     if let (Some(path), true) = (&options.config_path, options.watch_config) {
         tasks.push(tokio::spawn(crate::registry::watch(registry.clone(), path.clone(), shutdown.subscribe())));
     }
@@ -226,10 +242,16 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         }
         None => None,
     };
-    Ok(Running { registry, listeners, admin, stats, shutdown, tasks, workers })
+    Ok(Running { registry, listeners, admin, stats, shutdown, tasks, connections, workers })
 }
 
-async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+async fn accept_loop(
+    listener: TcpListener,
+    pool: Arc<Pool>,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    open: mpsc::Sender<()>,
+) {
     let mut backoff = Duration::from_millis(5);
     loop {
         let accepted = tokio::select! {
@@ -257,7 +279,7 @@ async fn accept_loop(listener: TcpListener, pool: Arc<Pool>, shared: Arc<Shared>
         }
         let _ = stream.set_nodelay(true);
         tracing::debug!(pool = %pool.name(), %peer, "client connected");
-        let guard = ConnGuard::open(pool.all_counters().clone());
+        let guard = ConnGuard::open(pool.all_counters().clone()).held_open(open.clone());
         let pool = pool.clone();
         let shared = shared.clone();
         let stop = stop.clone();

@@ -66,8 +66,7 @@ impl std::error::Error for ReloadError {}
 /// The running proxy's pools.
 #[derive(Debug)]
 pub struct Registry {
-    /// Process-wide settings.
-    pub shared: Arc<Shared>,
+    shared: Arc<Shared>,
     pools: RwLock<Vec<Arc<Pool>>>,
     file: FileState,
     /// Where the membership comes from when it is not the file (etcd).
@@ -161,6 +160,11 @@ impl Registry {
             registry.file.known.store(content_hash(&text), Relaxed);
         }
         registry
+    }
+
+    /// Process-wide settings.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// The config file's state: its path, whether the last reload was

@@ -171,7 +171,7 @@ counters! {
 
 /// One value per worker thread, each on its own cache lines.
 #[derive(Debug)]
-pub struct PerWorker<T> {
+pub(crate) struct PerWorker<T> {
     slots: Box<[Padded<T>]>,
 }
 
@@ -181,7 +181,7 @@ struct Padded<T>(T);
 
 impl<T: Default> PerWorker<T> {
     /// `workers` default values.
-    pub fn new(workers: usize) -> PerWorker<T> {
+    pub(crate) fn new(workers: usize) -> PerWorker<T> {
         PerWorker { slots: (0..workers.max(1)).map(|_| Padded(T::default())).collect() }
     }
 }
@@ -189,18 +189,18 @@ impl<T: Default> PerWorker<T> {
 impl<T> PerWorker<T> {
     /// The calling worker thread's value.
     #[inline]
-    pub fn local(&self) -> &T {
+    pub(crate) fn local(&self) -> &T {
         &self.slots[crate::workers::current_index() % self.slots.len()].0
     }
 
     /// Every worker's value.
-    pub fn all(&self) -> impl Iterator<Item = &T> {
+    pub(crate) fn all(&self) -> impl Iterator<Item = &T> {
         self.slots.iter().map(|p| &p.0)
     }
 }
 
 /// Sums the values of [`PoolCounters::values`]-like lists.
-pub fn sum<'a>(lists: impl Iterator<Item = Vec<u64>> + 'a) -> Vec<u64> {
+pub(crate) fn sum<'a>(lists: impl Iterator<Item = Vec<u64>> + 'a) -> Vec<u64> {
     let mut total: Vec<u64> = Vec::new();
     for list in lists {
         if total.is_empty() {
@@ -217,14 +217,14 @@ pub fn sum<'a>(lists: impl Iterator<Item = Vec<u64>> + 'a) -> Vec<u64> {
 }
 
 /// Upper bounds of the latency buckets, in microseconds.
-pub const LATENCY_BUCKETS_US: [u64; 15] = [
+pub(crate) const LATENCY_BUCKETS_US: [u64; 15] = [
     50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, 2_500_000, 10_000_000,
 ];
 
 /// A latency histogram with fixed buckets (plus one for everything slower)
 /// and the largest value seen.
 #[derive(Debug, Default)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     buckets: [AtomicU64; LATENCY_BUCKETS_US.len() + 1],
     sum_us: AtomicU64,
     count: AtomicU64,
@@ -246,7 +246,7 @@ pub struct HistogramValues {
 
 impl Histogram {
     /// Records one observation.
-    pub fn observe(&self, d: Duration) {
+    pub(crate) fn observe(&self, d: Duration) {
         let us = d.as_micros().min(u128::from(u64::MAX)) as u64;
         let i = LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BUCKETS_US.len());
         self.buckets[i].fetch_add(1, Relaxed);
@@ -256,7 +256,7 @@ impl Histogram {
     }
 
     /// The values now.
-    pub fn values(&self) -> HistogramValues {
+    pub(crate) fn values(&self) -> HistogramValues {
         HistogramValues {
             buckets: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
             sum_us: self.sum_us.load(Relaxed),
@@ -431,6 +431,6 @@ fn value(counters: &[(Desc, u64)], name: &str) -> u64 {
 }
 
 /// Pairs descriptions with values.
-pub fn described(descs: &'static [Desc], values: Vec<u64>) -> impl Iterator<Item = (Desc, u64)> {
+pub(crate) fn described(descs: &'static [Desc], values: Vec<u64>) -> impl Iterator<Item = (Desc, u64)> {
     descs.iter().copied().zip(values)
 }

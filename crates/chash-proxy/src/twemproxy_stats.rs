@@ -21,10 +21,10 @@ use crate::stats::{PoolSnapshot, ServerSnapshot};
 
 /// A twemproxy counter: its name there, the chash counter it shows, and
 /// what it counts.
-pub type Field = (&'static str, &'static str, &'static str);
+pub(crate) type Field = (&'static str, &'static str, &'static str);
 
 /// twemproxy's pool counters, in its order.
-pub const POOL_FIELDS: [Field; 6] = [
+pub(crate) const POOL_FIELDS: [Field; 6] = [
     ("client_eof", "client_eof", "client connections the client closed"),
     ("client_err", "client_err", "client connections closed on an error"),
     ("client_connections", "curr_connections", "client connections open now"),
@@ -34,7 +34,7 @@ pub const POOL_FIELDS: [Field; 6] = [
 ];
 
 /// twemproxy's server counters, in its order.
-pub const SERVER_FIELDS: [Field; 13] = [
+pub(crate) const SERVER_FIELDS: [Field; 13] = [
     ("server_eof", "server_eof", "server connections the server closed"),
     ("server_err", "server_err", "server connections that failed (refused, reset, failed set-up)"),
     ("server_timedout", "server_timedout", "server connections closed because a reply timed out"),
@@ -96,7 +96,7 @@ fn hostname() -> String {
 
 /// The document for `pools` (counters as of the last refresh), with the
 /// live values read now.
-pub fn document(registry: &Registry, pools: &[PoolSnapshot], listeners: usize) -> String {
+pub(crate) fn document(registry: &Registry, pools: &[PoolSnapshot], listeners: usize) -> String {
     let live = registry.stats();
     let (mut curr, mut total) = (listeners as u64, listeners as u64);
     for p in &live {
@@ -113,7 +113,7 @@ pub fn document(registry: &Registry, pools: &[PoolSnapshot], listeners: usize) -
          \"total_connections\":{total}, \"curr_connections\":{curr}",
         string(&hostname()),
         env!("CARGO_PKG_VERSION"),
-        registry.shared.started.elapsed().as_secs(),
+        registry.shared().started.elapsed().as_secs(),
     );
     let mut pools: Vec<&PoolSnapshot> = pools.iter().collect();
     pools.sort_by(|a, b| by_length_then_bytes(&a.name, &b.name));

@@ -30,7 +30,7 @@ thread_local! {
 }
 
 /// The worker running the calling thread: 0 outside worker threads.
-pub fn current_index() -> usize {
+pub(crate) fn current_index() -> usize {
     WORKER.with(Cell::get)
 }
 

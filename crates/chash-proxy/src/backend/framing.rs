@@ -118,7 +118,7 @@ impl fmt::Debug for Setup {
 /// failed-over server must pass before it is taken back, and what it gets
 /// then.
 #[derive(Clone)]
-pub struct Speech {
+pub(crate) struct Speech {
     /// `memcached`, `redis`.
     pub protocol: &'static str,
     /// What each dialect's connections run first (a request names its

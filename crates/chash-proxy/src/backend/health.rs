@@ -13,7 +13,7 @@ use tokio::sync::Notify;
 /// Called with a server's id when its failures reach the limit, on the
 /// thread of the connection that failed, before the failed requests are
 /// answered (so a pool that ejects it does so before their clients retry).
-pub type FailureHook = Arc<dyn Fn(&str) + Send + Sync>;
+pub(crate) type FailureHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// One server's health.
 pub struct Health {

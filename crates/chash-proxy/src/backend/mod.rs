@@ -13,7 +13,7 @@
 //!   down state), `framing` (the seam the protocol folders implement).
 
 mod connection;
-pub mod framing;
+pub(crate) mod framing;
 mod health;
 #[cfg(test)]
 pub(crate) mod memory;
@@ -31,9 +31,11 @@ use chash::ServerLine;
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use connection::sleep_until_opt;
-pub use framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Scan, Setup, Speech};
-pub use health::{FailureHook, Health};
-pub use request::{Address, BackendError, BackendSettings, ReplyAccount, Requester};
+pub(crate) use framing::{Chunk, Large, Reply, ReplyStream, Scan, Setup, Speech};
+pub use framing::{Frame, Framing};
+pub(crate) use health::{FailureHook, Health};
+pub use request::Address;
+pub(crate) use request::{BackendError, BackendSettings, ReplyAccount, Requester};
 
 use crate::stats::{described, Desc, Histogram, HistogramValues, PerWorker, ServerCounters, ServerEvents};
 use crate::workers::Workers;

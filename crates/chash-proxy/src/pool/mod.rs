@@ -43,10 +43,11 @@ use crate::workers::Workers;
 
 pub use error::PoolError;
 use routing::next_random;
+pub use routing::Change;
 #[cfg(test)]
 pub(crate) use routing::Routing;
-pub use routing::{Change, Ejection, Member, PoolState, Previous};
-pub use warm::KeyWrites;
+pub(crate) use routing::{Ejection, Member, PoolState, Previous};
+pub(crate) use warm::KeyWrites;
 
 /// A pool of servers.
 pub struct Pool {

@@ -13,7 +13,7 @@ use crate::backend::Server;
 
 /// Why a server is not taking keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ejection {
+pub(crate) enum Ejection {
     /// Ejected by health (`auto_eject_hosts`) until then.
     Auto(Instant),
     /// Ejected by the admin endpoint until restored.
@@ -22,7 +22,7 @@ pub enum Ejection {
 
 /// One configured server of the pool.
 #[derive(Clone, Debug)]
-pub struct Member {
+pub(crate) struct Member {
     /// The server line as configured now (weight included).
     pub line: ServerLine,
     /// The running server.
@@ -33,7 +33,7 @@ pub struct Member {
 
 impl Member {
     /// `up`, `down`, `ejected` or `auto-ejected`.
-    pub fn state(&self) -> &'static str {
+    pub(crate) fn state(&self) -> &'static str {
         match self.ejected {
             Some(Ejection::Admin) => "ejected",
             Some(Ejection::Auto(_)) => "auto-ejected",
@@ -49,7 +49,7 @@ impl Member {
 // the snapshot would add a pointer chase to every lookup.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum Routing {
+pub(crate) enum Routing {
     /// A placement; `to_member[i]` is the member behind node `i`.
     Placed {
         /// The placement.
@@ -63,7 +63,7 @@ pub enum Routing {
 
 /// An immutable view of the pool: members and routing.
 #[derive(Debug)]
-pub struct PoolState {
+pub(crate) struct PoolState {
     /// Every member (active and ejected server), in config order.
     pub members: Vec<Member>,
     /// `None` when no server is live.
@@ -87,7 +87,7 @@ pub struct PoolState {
 /// here, and writes of the key delete it here, until `until`. Holds the
 /// servers, so a removed server's connections stay open until then.
 #[derive(Debug)]
-pub struct Previous {
+pub(crate) struct Previous {
     pub(super) routing: Arc<Routing>,
     /// By member index, each with the end of its window here: a server a
     /// later change removed with a shorter window of its own ends earlier
@@ -99,7 +99,7 @@ pub struct Previous {
 
 impl Previous {
     /// The key's server under this placement.
-    pub fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {
+    pub(crate) fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {
         match &self.servers[self.routing.member_for(key)?] {
             Some((server, until)) if *until > Instant::now() => Some(server),
             _ => None,
@@ -141,7 +141,7 @@ pub(super) fn next_random() -> u64 {
 impl PoolState {
     /// The server for `key`, or `None` when no server is live.
     #[inline]
-    pub fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {
+    pub(crate) fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {
         let owner = &self.members[self.routing.as_ref()?.member_for(key)?].server;
         if self.failover && owner.health().is_failed_over() {
             return self.next_up(key).or(Some(owner));
@@ -171,7 +171,7 @@ impl PoolState {
     /// (newest first, each once), other than `now` and servers that are
     /// down: where a read that missed on `now` may find it, and where a
     /// write of it must delete it. Empty (and free) outside a window.
-    pub fn previous_servers(&self, key: &[u8], now: &Arc<Server>) -> Vec<Arc<Server>> {
+    pub(crate) fn previous_servers(&self, key: &[u8], now: &Arc<Server>) -> Vec<Arc<Server>> {
         let mut out: Vec<Arc<Server>> = Vec::new();
         if self.previous.is_empty() {
             return out;
@@ -189,7 +189,7 @@ impl PoolState {
 
     /// Up to `n` distinct servers for `key` in its placement's candidate
     /// order, servers failed over left out (none left: the owner).
-    pub fn candidates(&self, key: &[u8], n: usize) -> Vec<Arc<Server>> {
+    pub(crate) fn candidates(&self, key: &[u8], n: usize) -> Vec<Arc<Server>> {
         let mut out: Vec<Arc<Server>> = Vec::new();
         for server in self.candidate_servers(key) {
             if !server.health().is_failed_over() && !out.iter().any(|s| Arc::ptr_eq(s, server)) {
@@ -208,7 +208,7 @@ impl PoolState {
     }
 
     /// Members taking keys now.
-    pub fn live(&self) -> impl Iterator<Item = &Member> {
+    pub(crate) fn live(&self) -> impl Iterator<Item = &Member> {
         self.members.iter().filter(|m| m.ejected.is_none())
     }
 
@@ -329,4 +329,4 @@ pub struct Change {
 
 /// Writes a pool's membership edit to the config file (`--persist`):
 /// `(pool, edit, config before, config after)`, or why it could not.
-pub type Persist<'a> = dyn Fn(&str, &Edit, &PoolConfig, &PoolConfig) -> Result<(), String> + Send + Sync + 'a;
+pub(super) type Persist<'a> = dyn Fn(&str, &Edit, &PoolConfig, &PoolConfig) -> Result<(), String> + Send + Sync + 'a;

@@ -53,7 +53,7 @@ pub(crate) enum Find {
 
 impl Spec {
     /// Whether `argc` arguments (name included) fit its arity.
-    pub fn fits(&self, argc: usize) -> bool {
+    pub(crate) fn fits(&self, argc: usize) -> bool {
         let argc = argc as i64;
         let arity = i64::from(self.arity);
         if arity >= 0 {
@@ -64,14 +64,14 @@ impl Spec {
     }
 
     /// Whether some of its keys cannot be found from its arguments.
-    pub fn has_unknown_keys(&self) -> bool {
+    pub(crate) fn has_unknown_keys(&self) -> bool {
         self.keys.iter().any(|k| matches!(k.begin, Begin::Unknown) || matches!(k.find, Find::Unknown))
     }
 
     /// The position of its one key when it always has exactly one, at a
     /// fixed place, and `argc` arguments reach it (most commands: the
     /// fast path, no search and no allocation).
-    pub fn single_key(&self, argc: usize) -> Option<usize> {
+    pub(crate) fn single_key(&self, argc: usize) -> Option<usize> {
         match self.keys {
             [KeySpec { begin: Begin::Index(i), find: Find::Range { last: 0, .. } }]
                 if *i >= 1 && (*i as usize) < argc =>
@@ -85,7 +85,7 @@ impl Spec {
     /// The positions of the keys in `args` (the name first), in order; `None`
     /// when the arguments do not match the specs (a key count that is not
     /// a number, or points past the end).
-    pub fn key_positions(&self, args: &[Bytes]) -> Option<Vec<usize>> {
+    pub(crate) fn key_positions(&self, args: &[Bytes]) -> Option<Vec<usize>> {
         let argc = args.len() as i64;
         let mut out = Vec::new();
         for spec in self.keys {

@@ -382,8 +382,13 @@ impl Proxy {
             let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
             rt.block_on(async move {
                 let running = chash_proxy::start(pools, options).await.expect("proxy starts");
-                tx.send((running.listeners[0].1, running.admin.unwrap(), running.stats, running.registry.clone()))
-                    .unwrap();
+                tx.send((
+                    running.listeners()[0].1,
+                    running.admin().unwrap(),
+                    running.stats(),
+                    running.registry().clone(),
+                ))
+                .unwrap();
                 tokio::task::spawn_blocking(move || {
                     let _ = stop_rx.recv();
                 })
