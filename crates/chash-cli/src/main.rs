@@ -128,7 +128,20 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-/// The error and its causes on one line.
+/// The error and its causes on one line. The proxy's errors say their
+/// cause in their own message and give it as `source()` too: a cause
+/// whose text the message already holds is not said twice.
 fn one_line(e: &anyhow::Error) -> String {
-    format!("{e:#}").replace('\n', " ")
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out.replace('\n', " ")
 }

@@ -300,37 +300,42 @@ fn stats_json(registry: &Registry, counters: bool) -> Value {
         }
     }
     let c = registry.config_status();
+    let mut config = json!({
+        "path": c.path.as_ref().map(|p| p.display().to_string()),
+        "persist": c.persist,
+        "watch": c.watch,
+        "last_error": c.last_error,
+    });
+    put_values(&mut config, &c.values());
     let mut v = json!({
         "version": env!("CARGO_PKG_VERSION"),
         "uptime_s": registry.shared().started.elapsed().as_secs(),
-        "config": {
-            "path": c.path.map(|p| p.display().to_string()),
-            "persist": c.persist,
-            "watch": c.watch,
-            "reloads": c.reloads,
-            "reload_failures": c.reload_failures,
-            "last_error": c.last_error,
-        },
+        "config": config,
         "pools": pools,
     });
     if let Some(m) = membership {
-        v["membership"] = json!({
+        let mut membership = json!({
             "source": m.source,
             "endpoints": m.endpoints,
             "key": m.key,
-            "revision": m.revision,
             "config_hash": m.config_hash,
-            "connected": m.connected,
-            "cache_used": m.cache_used,
             "last_error": m.last_error,
-            "invalid_revisions": m.invalid_revisions,
-            "applied_revisions": m.applied_revisions,
-            "reconnects": m.reconnects,
             "proxy_id": m.proxy_id,
-            "registered": m.registered,
         });
+        put_values(&mut membership, &m.values());
+        v["membership"] = membership;
     }
     v
+}
+
+/// Described numbers into a JSON object: flags as booleans.
+fn put_values(object: &mut Value, values: &[(Desc, u64)]) {
+    for (d, value) in values {
+        object[d.name] = match d.kind {
+            Kind::Flag => json!(*value != 0),
+            Kind::Counter | Kind::Gauge => json!(value),
+        };
+    }
 }
 
 fn label(v: &str) -> String {
@@ -342,14 +347,14 @@ fn label(v: &str) -> String {
 fn metric_name(prefix: &str, d: &Desc) -> String {
     match d.kind {
         Kind::Counter => format!("{prefix}_{}_total", d.name.strip_prefix("total_").unwrap_or(d.name)),
-        Kind::Gauge => format!("{prefix}_{}", d.name),
+        Kind::Gauge | Kind::Flag => format!("{prefix}_{}", d.name),
     }
 }
 
 fn metric_head(out: &mut String, name: &str, d: &Desc) {
     let kind = match d.kind {
         Kind::Counter => "counter",
-        Kind::Gauge => "gauge",
+        Kind::Gauge | Kind::Flag => "gauge",
     };
     let _ = writeln!(out, "# HELP {name} {}", d.help.trim());
     let _ = writeln!(out, "# TYPE {name} {kind}");
@@ -360,47 +365,17 @@ fn metrics(registry: &Registry) -> String {
     let _ = writeln!(out, "# HELP chash_uptime_seconds Seconds since the proxy started.");
     let _ = writeln!(out, "# TYPE chash_uptime_seconds gauge");
     let _ = writeln!(out, "chash_uptime_seconds {}", registry.shared().started.elapsed().as_secs());
-    let c = registry.config_status();
-    let _ = writeln!(out, "# HELP chash_config_reload_failures_total Config reloads refused (a file that does not parse, or that a pool refuses); the last good config stays.");
-    let _ = writeln!(out, "# TYPE chash_config_reload_failures_total counter");
-    let _ = writeln!(out, "chash_config_reload_failures_total {}", c.reload_failures);
-    let _ = writeln!(out, "# HELP chash_config_reloads_total Config reloads applied.");
-    let _ = writeln!(out, "# TYPE chash_config_reloads_total counter");
-    let _ = writeln!(out, "chash_config_reloads_total {}", c.reloads);
-    let _ = writeln!(out, "# HELP chash_config_last_reload_ok 1 when the last reload was applied (or none was tried), 0 when it was refused.");
-    let _ = writeln!(out, "# TYPE chash_config_last_reload_ok gauge");
-    let _ = writeln!(out, "chash_config_last_reload_ok {}", u8::from(c.last_error.is_none()));
+    for (d, value) in registry.config_status().values() {
+        let name = metric_name("chash_config", &d);
+        metric_head(&mut out, &name, &d);
+        let _ = writeln!(out, "{name} {value}");
+    }
     if let Some(m) = registry.membership() {
-        let _ = writeln!(out, "# HELP chash_membership_revision The revision of the stored config this proxy applied.");
-        let _ = writeln!(out, "# TYPE chash_membership_revision gauge");
-        let _ = writeln!(out, "chash_membership_revision{{source=\"{}\"}} {}", label(&m.source), m.revision);
-        let _ = writeln!(out, "# HELP chash_membership_connected 1 while the membership store is reachable.");
-        let _ = writeln!(out, "# TYPE chash_membership_connected gauge");
-        let _ =
-            writeln!(out, "chash_membership_connected{{source=\"{}\"}} {}", label(&m.source), u8::from(m.connected));
-        let _ = writeln!(out, "# HELP chash_membership_cache_used 1 while the proxy serves the config of its cache file (the store was unreachable at start).");
-        let _ = writeln!(out, "# TYPE chash_membership_cache_used gauge");
-        let _ =
-            writeln!(out, "chash_membership_cache_used{{source=\"{}\"}} {}", label(&m.source), u8::from(m.cache_used));
-        let _ = writeln!(out, "# HELP chash_membership_invalid_revisions_total Stored config revisions refused (invalid); the last good config stays.");
-        let _ = writeln!(out, "# TYPE chash_membership_invalid_revisions_total counter");
-        let _ = writeln!(
-            out,
-            "chash_membership_invalid_revisions_total{{source=\"{}\"}} {}",
-            label(&m.source),
-            m.invalid_revisions
-        );
-        let _ = writeln!(out, "# HELP chash_membership_applied_revisions_total Stored config revisions applied.");
-        let _ = writeln!(out, "# TYPE chash_membership_applied_revisions_total counter");
-        let _ = writeln!(
-            out,
-            "chash_membership_applied_revisions_total{{source=\"{}\"}} {}",
-            label(&m.source),
-            m.applied_revisions
-        );
-        let _ = writeln!(out, "# HELP chash_membership_reconnects_total Times the connection to the membership store was lost and made again.");
-        let _ = writeln!(out, "# TYPE chash_membership_reconnects_total counter");
-        let _ = writeln!(out, "chash_membership_reconnects_total{{source=\"{}\"}} {}", label(&m.source), m.reconnects);
+        for (d, value) in m.values() {
+            let name = metric_name("chash_membership", &d);
+            metric_head(&mut out, &name, &d);
+            let _ = writeln!(out, "{name}{{source=\"{}\"}} {value}", label(&m.source));
+        }
     }
     let pools = registry.stats();
     let _ = writeln!(out, "# HELP chash_pool_membership_info The pool's membership version and placement fingerprint (equal on proxies that place keys alike).");

@@ -58,6 +58,6 @@ pub use memcache::shard as embedded;
 pub use options::{ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER};
 pub use pool::{check_servers, Change, Pool, PoolError};
 pub use proxy::{start, PoolSpec, Running, StartError};
-pub use registry::{MembershipStatus, PoolReload, Registry, ReloadError};
+pub use registry::{Invalid, MembershipStatus, PoolReload, Registry, ReloadError};
 pub use stats::{PoolSnapshot, ServerSnapshot};
 pub use twemproxy_stats::describe as describe_stats;

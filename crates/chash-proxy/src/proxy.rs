@@ -69,9 +69,17 @@ impl fmt::Display for StartError {
     }
 }
 
-/// Each message already says why (its cause included), so no separate
-/// `source()`: printed as a chain, the cause would appear twice.
-impl std::error::Error for StartError {}
+/// Each message says why, its cause included (a log line shows it whole);
+/// `source()` gives the cause itself.
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartError::Workers(e) | StartError::Listen { source: e, .. } => Some(e),
+            StartError::Pool(e) => Some(e),
+            StartError::Insecure { .. } => None,
+        }
+    }
+}
 
 /// A started proxy.
 #[derive(Debug)]

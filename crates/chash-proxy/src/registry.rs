@@ -14,7 +14,7 @@ use tokio::sync::watch as signal;
 
 use crate::options::{Shared, WATCH_INTERVAL};
 use crate::pool::{Change, Pool, PoolError};
-use crate::stats::PoolSnapshot;
+use crate::stats::{Desc, Kind, PoolSnapshot};
 
 /// What a reload did to one pool: its name and the change (or why not).
 pub type PoolReload = (String, Result<Change, PoolError>);
@@ -44,8 +44,59 @@ pub enum ReloadError {
         /// Where it came from (`etcd /chash/config revision 42`).
         origin: String,
         /// Why.
-        reason: String,
+        source: Invalid,
     },
+}
+
+/// Why a whole config (from etcd) was refused before any pool changed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Invalid {
+    /// The text is not a config, or a pool section is not valid.
+    Config(chash::Error),
+    /// A pool's servers cannot be placed.
+    Placement {
+        /// The pool.
+        pool: String,
+        /// Why.
+        source: chash::Error,
+    },
+    /// A pool's server cannot be reached (no `HOST:PORT`).
+    Server(PoolError),
+    /// A running pool's protocol changed (that needs a restart).
+    ProtocolChanged {
+        /// The pool.
+        pool: String,
+        /// Its protocol now.
+        was: &'static str,
+        /// The config's.
+        now: &'static str,
+    },
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Invalid::Config(e) => write!(f, "{e}"),
+            Invalid::Placement { pool, source } => write!(f, "pool {pool:?}: {source}"),
+            Invalid::Server(e) => write!(f, "{e}"),
+            Invalid::ProtocolChanged { pool, was, now } => {
+                write!(f, "pool {pool:?}: its protocol changed ({was} to {now}): that needs a restart")
+            }
+        }
+    }
+}
+
+/// Each message says why, its cause included; `source()` gives the cause
+/// itself (the library's or the pool's error).
+impl std::error::Error for Invalid {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Invalid::Config(e) | Invalid::Placement { source: e, .. } => Some(e),
+            Invalid::Server(e) => Some(e),
+            Invalid::ProtocolChanged { .. } => None,
+        }
+    }
 }
 
 impl fmt::Display for ReloadError {
@@ -54,14 +105,23 @@ impl fmt::Display for ReloadError {
             ReloadError::NoConfigFile => f.write_str("no config file to reload"),
             ReloadError::Read { path, source } => write!(f, "cannot read {}: {source}", path.display()),
             ReloadError::Config { path, source } => write!(f, "{}: {source}", path.display()),
-            ReloadError::Invalid { origin, reason } => write!(f, "{origin}: {reason}"),
+            ReloadError::Invalid { origin, source } => write!(f, "{origin}: {source}"),
         }
     }
 }
 
-/// Each message already says why (its cause included), so no separate
-/// `source()`: printed as a chain, the cause would appear twice.
-impl std::error::Error for ReloadError {}
+/// Each message says why, its cause included (a log line or an admin
+/// reply shows it whole); `source()` gives the cause itself.
+impl std::error::Error for ReloadError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReloadError::Read { source, .. } => Some(source),
+            ReloadError::Config { source, .. } => Some(source),
+            ReloadError::Invalid { source, .. } => Some(source),
+            ReloadError::NoConfigFile => None,
+        }
+    }
+}
 
 /// The running proxy's pools.
 #[derive(Debug)]
@@ -113,6 +173,44 @@ impl MembershipStatus {
     pub fn new(source: &str, endpoints: Vec<String>, key: String) -> MembershipStatus {
         MembershipStatus { source: source.to_owned(), endpoints, key, ..MembershipStatus::default() }
     }
+
+    /// Its numbers, each described once for every rendering (`/stats`
+    /// under `membership`, `/metrics` as `chash_membership_*`).
+    pub(crate) fn values(&self) -> [(Desc, u64); 7] {
+        let d = |name, kind, help| Desc { name, kind, help };
+        [
+            (
+                d("revision", Kind::Gauge, "The revision of the stored config this proxy applied."),
+                self.revision.max(0) as u64,
+            ),
+            (d("connected", Kind::Flag, "1 while the membership store is reachable."), u64::from(self.connected)),
+            (
+                d(
+                    "cache_used",
+                    Kind::Flag,
+                    "1 while the proxy serves the config of its cache file (the store was unreachable at start).",
+                ),
+                u64::from(self.cache_used),
+            ),
+            (
+                d(
+                    "invalid_revisions",
+                    Kind::Counter,
+                    "Stored config revisions refused (invalid); the last good config stays.",
+                ),
+                self.invalid_revisions,
+            ),
+            (d("applied_revisions", Kind::Counter, "Stored config revisions applied."), self.applied_revisions),
+            (
+                d("reconnects", Kind::Counter, "Times the connection to the membership store was lost and made again."),
+                self.reconnects,
+            ),
+            (
+                d("registered", Kind::Flag, "1 while this proxy's registration (its lease) is live."),
+                u64::from(self.registered),
+            ),
+        ]
+    }
 }
 
 /// What the proxy knows of its config file.
@@ -146,6 +244,36 @@ pub struct ConfigStatus {
     pub persist: bool,
     /// Whether the file is watched for changes.
     pub watch: bool,
+}
+
+impl ConfigStatus {
+    /// Its numbers, each described once for every rendering (`/stats`
+    /// under `config`, `/metrics` as `chash_config_*`).
+    pub(crate) fn values(&self) -> [(Desc, u64); 3] {
+        let d = |name, kind, help| Desc { name, kind, help };
+        [
+            (d("reloads", Kind::Counter, "Config reloads applied."), self.reloads),
+            (
+                d("reload_failures", Kind::Counter, "Config reloads refused (a file that does not parse, or that a pool refuses); the last good config stays."),
+                self.reload_failures,
+            ),
+            (
+                d("last_reload_ok", Kind::Flag, "1 when the last reload was applied (or none was tried), 0 when it was refused."),
+                u64::from(self.last_error.is_none()),
+            ),
+        ]
+    }
+}
+
+/// How validated pool configs are applied.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Apply {
+    /// From the config file: each pool on its own, a renumbering of an
+    /// order-dependent placement refused ([`Pool::reload`]).
+    File,
+    /// A stored config (etcd): every pool built fresh, unchanged ones left
+    /// alone ([`Pool::reload_stored`]).
+    Stored,
 }
 
 fn content_hash(text: &str) -> u64 {
@@ -215,55 +343,81 @@ impl Registry {
     /// [`ReloadError::Invalid`] when `text` is not a config every pool
     /// accepts; nothing changed then.
     pub fn apply_config(&self, origin: &str, text: &str) -> Result<Vec<PoolReload>, ReloadError> {
-        let invalid = |reason: String| ReloadError::Invalid { origin: origin.to_owned(), reason };
-        let configs = self.validate(text).map_err(invalid)?;
+        let invalid = |source: Invalid| ReloadError::Invalid { origin: origin.to_owned(), source };
+        let configs = self.pool_configs(text).map_err(invalid)?;
+        for pool in &configs {
+            self.validate(pool).map_err(invalid)?;
+        }
         let _file = self.file.lock.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(self.apply(configs, Apply::Stored))
+    }
+
+    /// Every pool of config `text`, listen overrides applied: the first
+    /// step of every config's way in (file, reload, watch, etcd).
+    fn pool_configs(&self, text: &str) -> Result<Vec<PoolConfig>, Invalid> {
+        let config = Config::from_yaml(text).map_err(Invalid::Config)?;
+        let mut pools = Vec::new();
+        for (name, _) in &config.pools {
+            let mut pool = config.pool(Some(name)).map_err(Invalid::Config)?;
+            if let Some(listen) = self.shared.options.listen_overrides.get(name) {
+                pool.listen.clone_from(listen);
+            }
+            pools.push(pool);
+        }
+        Ok(pools)
+    }
+
+    /// Checks a pool's config as a proxy start does (its placement builds,
+    /// its servers have addresses, its protocol is the running pool's).
+    fn validate(&self, pool: &PoolConfig) -> Result<(), Invalid> {
+        let name = &pool.name;
+        if pool.distribution != chash::Distribution::Random {
+            pool.snapshot().map_err(|source| Invalid::Placement { pool: name.clone(), source })?;
+        }
+        crate::pool::check_servers(pool).map_err(Invalid::Server)?;
+        if let Some(running) = self.pool(name) {
+            let (was, now) = (running.protocol(), crate::protocols::of(pool).name());
+            if was != now {
+                return Err(Invalid::ProtocolChanged { pool: name.clone(), was, now });
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies validated pool configs (the file lock held): each running
+    /// pool takes its new config (a file's renumbering checked, a stored
+    /// config built fresh); a pool new to the config, or gone from it,
+    /// needs a restart and is reported so.
+    fn apply(&self, configs: Vec<PoolConfig>, how: Apply) -> Vec<PoolReload> {
         let mut results = Vec::new();
+        for pool in self.pools() {
+            if !configs.iter().any(|c| c.name == pool.name()) {
+                let what = "gone from the config: still served until a restart";
+                let gone = Err(PoolError::NeedsRestart { pool: pool.name().to_owned(), what });
+                results.push((pool.name().to_owned(), gone));
+            }
+        }
+        let mut changed = Vec::new();
         for new in configs {
             let name = new.name.clone();
             let result = match self.pool(&name) {
-                Some(pool) if pool.config() == new => continue,
+                Some(pool) if how == Apply::Stored && pool.config() == new => continue,
                 Some(pool) => {
                     if new.listen != pool.spec().listen {
                         tracing::warn!(pool = %name, "listen address changed: takes effect after a restart");
                     }
-                    pool.reload_stored(new)
+                    match how {
+                        Apply::File => pool.reload(new),
+                        Apply::Stored => pool.reload_stored(new),
+                    }
                 }
                 None => Err(PoolError::NeedsRestart { pool: name.clone(), what: "new: it is served after a restart" }),
             };
-            results.push((name, result));
+            changed.push((name, result));
         }
-        Ok(results)
-    }
-
-    /// Every pool of config `text`, listen overrides applied, checked as a
-    /// proxy start checks them; or why not.
-    fn validate(&self, text: &str) -> Result<Vec<PoolConfig>, String> {
-        let config = Config::from_yaml(text).map_err(|e| e.to_string())?;
-        let mut pools = Vec::new();
-        for (name, _) in &config.pools {
-            let mut pool = config.pool(Some(name)).map_err(|e| e.to_string())?;
-            if let Some(listen) = self.shared.options.listen_overrides.get(name) {
-                pool.listen.clone_from(listen);
-            }
-            if pool.distribution != chash::Distribution::Random {
-                pool.snapshot().map_err(|e| format!("pool {name:?}: {e}"))?;
-            }
-            crate::pool::check_servers(&pool).map_err(|e| e.to_string())?;
-            if let Some(running) = self.pool(name) {
-                let (was, now) = (running.protocol(), crate::protocols::of(&pool).name());
-                if was != now {
-                    return Err(format!("pool {name:?}: its protocol changed ({was} to {now}): that needs a restart"));
-                }
-            }
-            pools.push(pool);
-        }
-        for pool in self.pools() {
-            if !pools.iter().any(|p| p.name == pool.name()) {
-                tracing::warn!(pool = %pool.name(), "gone from the config: still served until a restart");
-            }
-        }
-        Ok(pools)
+        // The config's pools first, in its order, then those it dropped.
+        changed.extend(results);
+        changed
     }
 
     /// Applies a membership edit to pool `pool`, written back to the config
@@ -386,36 +540,11 @@ impl Registry {
     }
 
     fn apply_text(&self, path: &Path, text: &str) -> Result<Vec<PoolReload>, ReloadError> {
-        let path = path.to_path_buf();
-        let config = Config::from_yaml(text).map_err(|source| ReloadError::Config { path: path.clone(), source })?;
-        let mut results = Vec::new();
-        for (name, _) in &config.pools {
-            let mut pool_config =
-                config.pool(Some(name)).map_err(|source| ReloadError::Config { path: path.clone(), source })?;
-            if let Some(listen) = self.shared.options.listen_overrides.get(name) {
-                pool_config.listen.clone_from(listen);
-            }
-            let result = match self.pool(name) {
-                Some(pool) => {
-                    if pool_config.listen != pool.spec().listen {
-                        tracing::warn!(pool = %name, "listen address changed: takes effect after a restart");
-                    }
-                    pool.reload(pool_config)
-                }
-                None => Err(PoolError::NeedsRestart { pool: name.clone(), what: "new: it is served after a restart" }),
-            };
-            results.push((name.clone(), result));
-        }
-        for pool in self.pools() {
-            if !config.pools.iter().any(|(n, _)| *n == pool.name()) {
-                let what = "gone from the config: still served until a restart";
-                results.push((
-                    pool.name().to_owned(),
-                    Err(PoolError::NeedsRestart { pool: pool.name().to_owned(), what }),
-                ));
-            }
-        }
-        Ok(results)
+        let configs = self.pool_configs(text).map_err(|e| match e {
+            Invalid::Config(source) => ReloadError::Config { path: path.to_path_buf(), source },
+            other => ReloadError::Invalid { origin: path.display().to_string(), source: other },
+        })?;
+        Ok(self.apply(configs, Apply::File))
     }
 
     /// Reloads when the config file's content differs from what the proxy

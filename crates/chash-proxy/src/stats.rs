@@ -16,6 +16,8 @@ pub enum Kind {
     Counter,
     /// Goes up and down (Prometheus `gauge`).
     Gauge,
+    /// 0 or 1 (a Prometheus `gauge`; `true`/`false` in JSON).
+    Flag,
 }
 
 /// A counter's name, kind and meaning.

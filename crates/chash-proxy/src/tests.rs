@@ -481,3 +481,43 @@ persisted_changes! {
     persisted_multiprobe_changes_rebuild_the_live_placement: "multiprobe",
     persisted_bounded_changes_rebuild_the_live_placement: "bounded",
 }
+
+/// A config's way in is one path whatever its source: a stored config
+/// (etcd) that does not parse, cannot be placed or changes a pool's
+/// protocol is refused whole, with an error that names its origin and
+/// keeps its cause (`source()`: the library's error); a file reload takes
+/// the same path, pool by pool; pools new to a config or gone from it are
+/// reported as needing a restart.
+#[tokio::test(start_paused = true)]
+async fn configs_take_one_typed_path_and_keep_their_cause() {
+    use std::error::Error as _;
+    let shard = Shard::start();
+    let pool = pool("  timeout: 1000\n", std::slice::from_ref(&shard.name), None);
+    let shared = Arc::new(Shared { options: ProxyOptions::default(), started: std::time::Instant::now() });
+    let registry = crate::registry::Registry::new(shared, vec![pool.clone()]);
+    let refused = |text: &str| registry.apply_config("etcd /p/config revision 7", text).unwrap_err();
+
+    let e = refused("alpha: [");
+    assert!(e.to_string().starts_with("etcd /p/config revision 7: "), "{e}");
+    let invalid = e.source().and_then(|s| s.downcast_ref::<crate::registry::Invalid>()).expect("typed");
+    assert!(matches!(invalid, crate::registry::Invalid::Config(_)), "{invalid:?}");
+    assert!(invalid.source().and_then(|s| s.downcast_ref::<chash::Error>()).is_some(), "the library's error");
+
+    let e = refused("alpha:\n  servers:\n   - nohost:1\n");
+    let invalid = e.source().and_then(|s| s.downcast_ref::<crate::registry::Invalid>()).unwrap();
+    assert!(matches!(invalid, crate::registry::Invalid::Server(_)), "{invalid:?}");
+    assert!(e.to_string().contains("names no HOST:PORT"), "{e}");
+
+    let e = refused("alpha:\n  redis: true\n  servers:\n   - 127.0.0.1:1:1\n");
+    assert!(e.to_string().contains("its protocol changed (memcached to redis)"), "{e}");
+    assert_eq!(pool.config().servers[0].id, "s1", "nothing changed");
+
+    // Valid: the running pool takes it, a new pool and the pool gone are
+    // reported as needing a restart.
+    let results =
+        registry.apply_config("etcd", "beta:\n  servers:\n   - 127.0.0.1:1:1\n").expect("a valid config is applied");
+    let said: Vec<String> = results.iter().map(|(p, r)| format!("{p}: {}", r.as_ref().unwrap_err())).collect();
+    assert_eq!(said.len(), 2, "{said:?}");
+    assert!(said[0].starts_with("beta: ") && said[0].contains("after a restart"), "{said:?}");
+    assert!(said[1].starts_with("alpha: ") && said[1].contains("gone from the config"), "{said:?}");
+}

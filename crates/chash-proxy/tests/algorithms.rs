@@ -12,7 +12,7 @@ use support::{memcacheds, Client, Memcached, Proxy};
 
 fn config(extra: &str, servers: &[&Memcached]) -> String {
     // Equal weights: jump, anchor and multiprobe take no weights.
-    let mut yml = format!("alpha:\n  listen: 127.0.0.1:{}\n{extra}  servers:\n", support::free_port());
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:0\n{extra}  servers:\n");
     for s in servers {
         yml.push_str(&format!("   - {}:1\n", s.id()));
     }

@@ -62,11 +62,7 @@ fn libmemcached_clients_read_version_and_stats() {
 #[test]
 fn redis_py_is_told_the_value_limit() {
     let redis = support::Redis::start(None);
-    let yml = format!(
-        "alpha:\n  listen: 127.0.0.1:{}\n  redis: true\n  servers:\n   - {}:1\n",
-        support::free_port(),
-        redis.id()
-    );
+    let yml = format!("alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  servers:\n   - {}:1\n", redis.id());
     let mut options = chash_proxy::ProxyOptions::default();
     options.max_value_size = Some(1 << 20);
     let proxy = Proxy::start_with(&yml, options, None);
@@ -79,10 +75,7 @@ fn redis_py_is_told_the_value_limit() {
 #[test]
 fn redis_py_transactions() {
     let redis = [support::Redis::start(None), support::Redis::start(None), support::Redis::start(None)];
-    let mut yml = format!(
-        "alpha:\n  listen: 127.0.0.1:{}\n  redis: true\n  hash_tag: \"{{}}\"\n  servers:\n",
-        support::free_port()
-    );
+    let mut yml = "alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash_tag: \"{}\"\n  servers:\n".to_owned();
     for r in &redis {
         yml.push_str(&format!("   - {}:1\n", r.id()));
     }
@@ -102,7 +95,7 @@ fn redis_py_transactions() {
 fn redis_py_resp3_and_resp2_match_redis() {
     let redis = [support::Redis::start(None), support::Redis::start(None), support::Redis::start(None)];
     let direct = support::Redis::start(None);
-    let mut yml = format!("alpha:\n  listen: 127.0.0.1:{}\n  redis: true\n  servers:\n", support::free_port());
+    let mut yml = "alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  servers:\n".to_owned();
     for r in &redis {
         yml.push_str(&format!("   - {}:1\n", r.id()));
     }

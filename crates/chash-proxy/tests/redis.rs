@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use support::{free_port, require, Proxy, Redis};
+use support::{require, Proxy, Redis};
 
 /// A direct client of a Redis server (authenticated when it has a password).
 fn direct(r: &Redis) -> Resp {
@@ -81,7 +81,7 @@ impl Resp {
 }
 
 fn config(extra: &str, servers: &[&Redis]) -> String {
-    let mut yml = format!("alpha:\n  listen: 127.0.0.1:{}\n  redis: true\n{extra}  servers:\n", free_port());
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:0\n  redis: true\n{extra}  servers:\n");
     for s in servers {
         yml.push_str(&format!("   - {}:1\n", s.id()));
     }

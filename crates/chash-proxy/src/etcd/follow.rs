@@ -408,7 +408,7 @@ impl Watcher {
 /// The reason part of a reload error (its origin is said elsewhere).
 fn reason_of(e: &crate::registry::ReloadError) -> String {
     match e {
-        crate::registry::ReloadError::Invalid { reason, .. } => reason.clone(),
+        crate::registry::ReloadError::Invalid { source, .. } => source.to_string(),
         other => other.to_string(),
     }
 }

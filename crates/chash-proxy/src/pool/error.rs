@@ -91,6 +91,13 @@ impl fmt::Display for PoolError {
     }
 }
 
-/// Each message already says why (its cause included), so no separate
-/// `source()`: printed as a chain, the cause would appear twice.
-impl std::error::Error for PoolError {}
+/// Each message says why, its cause included (a log line or an admin
+/// reply shows it whole); `source()` gives the cause itself.
+impl std::error::Error for PoolError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PoolError::Placement { source: e, .. } | PoolError::ServerLine(e) => Some(e),
+            _ => None,
+        }
+    }
+}

@@ -206,26 +206,29 @@ pub fn memcacheds(n: usize) -> Vec<Memcached> {
     (0..n).map(|_| Memcached::start()).collect()
 }
 
-/// A twemproxy-shaped config for the servers, listening on a free port.
+/// A twemproxy-shaped config for the servers, listening on port 0 (the
+/// proxy's bound address is read back from it).
 /// Servers are named `s1`, `s2`, ...: twemproxy's distributions (`ketama`,
 /// the default, and `modula`) place keys by the name, so where a key goes
 /// does not depend on which ports were drawn.
 pub fn config(pool_extra: &str, servers: &[&Memcached]) -> String {
-    let mut yml = format!("alpha:\n  listen: 127.0.0.1:{}\n{pool_extra}  servers:\n", free_port());
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:0\n{pool_extra}  servers:\n");
     for (i, s) in servers.iter().enumerate() {
         yml.push_str(&format!("   - {}:{} s{}\n", s.id(), 1 + i % 2, i + 1));
     }
     yml
 }
 
-/// A `distribution: ring` (xxh3) pool of `servers` with `extra` pool keys,
-/// servers named by their ids: the ring places by id, so where a key goes
-/// follows from the ports drawn, which tests read back.
+/// A `distribution: ring` (xxh3) pool of `servers` with `extra` pool keys.
+/// Servers are named `s1`, `s2`, ... and the ring's points are labelled by
+/// name (`point_label`), so where a key goes does not depend on which ports
+/// were drawn (tests still read it from the library's placement).
 pub fn ring_config(extra: &str, servers: &[&Memcached]) -> String {
-    let mut yml =
-        format!("alpha:\n  listen: 127.0.0.1:{}\n  distribution: ring\n  hash: xxh3\n{extra}  servers:\n", free_port());
-    for s in servers {
-        yml.push_str(&format!("   - {}:1\n", s.id()));
+    let mut yml = format!(
+        "alpha:\n  listen: 127.0.0.1:0\n  distribution: ring\n  hash: xxh3\n  point_label: \"{{name}}#{{i}}\"\n{extra}  servers:\n"
+    );
+    for (i, s) in servers.iter().enumerate() {
+        yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
     }
     yml
 }
@@ -240,28 +243,33 @@ pub struct Nutcracker {
 }
 
 impl Nutcracker {
-    /// Starts it with `-i interval_ms` (stats aggregation).
+    /// Starts it with `-i interval_ms` (stats aggregation). nutcracker
+    /// refuses `listen: HOST:0` (its config check wants a port from 1), so
+    /// its ports are drawn here, and a start that lost a port to another
+    /// process is made again on others ([`spawn_server`]).
     pub fn start(yml: &str, interval_ms: u64) -> Nutcracker {
         let nutcracker = require("nutcracker", "nutcracker");
-        let (port, stats_port) = (free_port(), free_port());
-        let mut lines: Vec<String> = yml.lines().map(str::to_owned).collect();
-        if let Some(l) = lines.iter_mut().find(|l| l.trim_start().starts_with("listen:")) {
-            *l = format!("  listen: 127.0.0.1:{port}");
-        }
-        let dir = std::env::temp_dir().join(format!("chash-nc-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let conf = dir.join("nutcracker.yml");
-        std::fs::write(&conf, lines.join("\n") + "\n").unwrap();
-        let child = Command::new(nutcracker)
-            .args(["-c", conf.to_str().unwrap(), "-s", &stats_port.to_string(), "-a", "127.0.0.1"])
-            .args(["-i", &interval_ms.to_string()])
-            .args(["-o", dir.join("nc.log").to_str().unwrap(), "-p", dir.join("nc.pid").to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        wait_listening(port);
-        Nutcracker { port, stats_port, child, dir }
+        let (stats_port, dir) = (std::cell::Cell::new(0), std::cell::RefCell::new(std::path::PathBuf::new()));
+        let (port, child) = spawn_server(|port| {
+            stats_port.set(free_port());
+            let mut lines: Vec<String> = yml.lines().map(str::to_owned).collect();
+            if let Some(l) = lines.iter_mut().find(|l| l.trim_start().starts_with("listen:")) {
+                *l = format!("  listen: 127.0.0.1:{port}");
+            }
+            let d = std::env::temp_dir().join(format!("chash-nc-{}-{port}", std::process::id()));
+            std::fs::create_dir_all(&d).unwrap();
+            let conf = d.join("nutcracker.yml");
+            std::fs::write(&conf, lines.join("\n") + "\n").unwrap();
+            let mut command = Command::new(&nutcracker);
+            command
+                .args(["-c", conf.to_str().unwrap(), "-s", &stats_port.get().to_string(), "-a", "127.0.0.1"])
+                .args(["-i", &interval_ms.to_string()])
+                .args(["-o", d.join("nc.log").to_str().unwrap(), "-p", d.join("nc.pid").to_str().unwrap()]);
+            *dir.borrow_mut() = d;
+            command
+        });
+        wait_listening(stats_port.get());
+        Nutcracker { port, stats_port: stats_port.get(), child, dir: dir.into_inner() }
     }
 
     pub fn addr(&self) -> SocketAddr {
