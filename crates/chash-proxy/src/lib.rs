@@ -5,22 +5,26 @@
 //! # Layout
 //! Arrows point down: a file uses only what is below it.
 //! - `proxy`: [`start`] and [`Running`]: a listener per pool, each accepted
-//!   connection handed to a worker and to its protocol's session; the
-//!   admin endpoint and the stats port; graceful shutdown.
+//!   connection handed to a worker and to its pool's protocol; the admin
+//!   endpoint and the stats port; graceful shutdown.
 //! - `admin` (the HTTP admin endpoint) and `twemproxy_stats` (twemproxy's
-//!   stats document): renderings of the registry's counters.
+//!   stats document): renderings of the registry's counters and status.
 //! - [`etcd`] (cargo feature `etcd`, on by default): a fleet's membership
-//!   in etcd: the stored config followed (watched, validated, applied
-//!   through the registry), the proxy's lease-kept report, and the
-//!   compare-and-swap writes and reads `chash config --etcd` and `chash
-//!   fleet status` use.
-//! - `registry`: the running pools by name, and reloading them (from the
-//!   file, or a whole config from etcd, all or nothing).
+//!   in etcd, by tenant: [`etcd::follow`] (the proxy's: the stored config
+//!   watched, validated and applied through the registry, the lease-kept
+//!   report) and [`etcd::store`] (the CLI's compare-and-swap writes and
+//!   reads, never reached from the proxy's runtime).
+//! - `registry`: the running pools by name, and one typed path for every
+//!   config (file, reload, watch, etcd): text, pool configs, validated,
+//!   applied.
+//! - `protocols`: the one place that picks a pool's protocol.
 //! - [`memcache`] and [`redis`]: one folder per protocol, each owning its
-//!   bytes (requests, replies, the backend framings) and its client
-//!   session. They never import each other.
-//! - `pool`: a pool's servers, health (ejection, retry) and the lock-free
-//!   routing snapshot; membership changes swap in a new one.
+//!   bytes (requests, replies, the backend framings), its client session
+//!   and its descriptor (`protocol.rs`: what its servers speak, its probes,
+//!   what it supports). They never import each other.
+//! - `protocol`: the trait those descriptors implement.
+//! - `pool`: a pool's servers, health (ejection, failover, retry), the
+//!   lock-free routing state and the change engine that swaps in a new one.
 //! - `conn`: client connections whatever the protocol: the read loop,
 //!   replies written in request order, idle timeout, shutdown, back-pressure,
 //!   the open-connection count.

@@ -54,7 +54,7 @@ pub struct ProxyOptions {
     pub persist: bool,
     /// Reload when the config file is replaced or rewritten (a rename, a
     /// rewrite, a ConfigMap's symlink swap), checked every
-    /// [`WATCH_INTERVAL`]. Defaults to true.
+    /// `WATCH_INTERVAL`. Defaults to true.
     pub watch_config: bool,
     /// Requests to the admin endpoint that change anything need
     /// `Authorization: Bearer <token>`; reading stays open. Defaults to

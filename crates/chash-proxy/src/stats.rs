@@ -381,7 +381,7 @@ pub struct PoolSnapshot {
     pub protocol: &'static str,
     /// Servers taking keys now.
     pub live_servers: usize,
-    /// [`PoolCounters`] then [`PoolEvents`], summed over workers.
+    /// `PoolCounters` then `PoolEvents`, summed over workers.
     pub counters: Vec<(Desc, u64)>,
     /// Its servers, in config order.
     pub servers: Vec<ServerSnapshot>,
@@ -408,7 +408,7 @@ pub struct ServerSnapshot {
     pub address: String,
     /// `up`, `down`, `ejected` or `auto-ejected`.
     pub state: &'static str,
-    /// [`ServerCounters`] then [`ServerEvents`], summed over workers.
+    /// `ServerCounters` then `ServerEvents`, summed over workers.
     pub counters: Vec<(Desc, u64)>,
     /// Time from writing a request to reading its reply.
     pub latency: HistogramValues,

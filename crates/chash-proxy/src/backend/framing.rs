@@ -52,7 +52,7 @@ pub trait Framing: Send + Sync + 'static {
     }
 
     /// A scanner that finds the end of one reply a piece at a time (needed
-    /// unless [`large`](Framing::large) is [`Large::Hold`]).
+    /// unless [`large`](Framing::large) is `Large::Hold`).
     fn scanner(&self) -> Option<Box<dyn Scan>> {
         None
     }

@@ -1,5 +1,5 @@
 //! Redis pools: RESP2 and RESP3 framing ([`resp`]), how each command is routed
-//! ([`command`]) by Redis's own key specs (`keyspec`, the table in
+//! (`command`) by Redis's own key specs (`keyspec`, the table in
 //! `commands` generated from a real redis-server), a client connection's
 //! session (`session`) and the server connections' set-up (`handshake`).
 //!
