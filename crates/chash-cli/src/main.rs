@@ -128,14 +128,14 @@ fn is_broken_pipe(e: &anyhow::Error) -> bool {
     })
 }
 
-/// The error and its causes on one line. The proxy's errors say their
-/// cause in their own message and give it as `source()` too: a cause
-/// whose text the message already holds is not said twice.
+/// The error and its causes on one line. The proxy's errors end their
+/// message with their cause and give it as `source()` too: a cause the
+/// line already ends with is not said twice.
 fn one_line(e: &anyhow::Error) -> String {
     let mut out = String::new();
     for cause in e.chain() {
         let text = cause.to_string();
-        if out.contains(&text) {
+        if out.ends_with(&text) {
             continue;
         }
         if !out.is_empty() {

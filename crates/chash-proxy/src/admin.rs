@@ -197,7 +197,11 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
                     Ok(_) => {
                         return error(
                             400,
-                            format!("drain does not apply to {} pools (warm-up reads cached values)", pool.protocol()),
+                            format!(
+                                "drain applies to memcached pools (warm-up reads memcached values); this pool \
+                                 speaks {}",
+                                pool.protocol()
+                            ),
                         )
                     }
                     Err(_) => return error(400, format!("drain={secs:?}: give whole seconds, e.g. drain=60")),

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 /// Whether a value only grows or goes up and down.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Kind {
     /// Only grows (Prometheus `counter`).
     Counter,

@@ -482,12 +482,12 @@ persisted_changes! {
     persisted_bounded_changes_rebuild_the_live_placement: "bounded",
 }
 
-/// A config's way in is one path whatever its source: a stored config
-/// (etcd) that does not parse, cannot be placed or changes a pool's
-/// protocol is refused whole, with an error that names its origin and
-/// keeps its cause (`source()`: the library's error); a file reload takes
-/// the same path, pool by pool; pools new to a config or gone from it are
-/// reported as needing a restart.
+/// A stored config (etcd) that does not parse, names a server without an
+/// address or changes a pool's protocol is refused whole, with an error
+/// that names its origin and keeps its cause (`source()`: the library's or
+/// the pool's error); pools new to a config or gone from it are reported as
+/// needing a restart. (File reloads take the same path, pool by pool: the
+/// reload tests in `tests/` run it against real files.)
 #[tokio::test(start_paused = true)]
 async fn configs_take_one_typed_path_and_keep_their_cause() {
     use std::error::Error as _;

@@ -256,6 +256,8 @@ impl Nutcracker {
             if let Some(l) = lines.iter_mut().find(|l| l.trim_start().starts_with("listen:")) {
                 *l = format!("  listen: 127.0.0.1:{port}");
             }
+            // A failed attempt's directory goes with it.
+            let _ = std::fs::remove_dir_all(&*dir.borrow());
             let d = std::env::temp_dir().join(format!("chash-nc-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&d).unwrap();
             let conf = d.join("nutcracker.yml");
