@@ -352,6 +352,8 @@ fn load_text(text: &str, origin: &str) -> Result<Vec<PoolConfig>> {
             pool.snapshot().with_context(|| format!("{origin}: pool {name:?}"))?;
         }
         chash_proxy::check_servers(&pool).with_context(|| origin.to_owned())?;
+        // TLS files readable, keys matching their certificates, CAs parsing.
+        chash_proxy::check_tls(&pool.tls).with_context(|| format!("{origin}: pool {name:?}"))?;
         pools.push(pool);
     }
     Ok(pools)
@@ -748,6 +750,12 @@ fn announce(running: &Running, embedded: bool, log_file: bool) {
             tracing::info!("pool {name:?} serving {protocol} on {addr}");
         }
         eprintln!("chash proxy: pool {name:?} serving {protocol} on {addr}");
+    }
+    for (name, addr) in running.tls_listeners() {
+        if log_file {
+            tracing::info!("pool {name:?} serving TLS on {addr}");
+        }
+        eprintln!("chash proxy: pool {name:?} serving TLS on {addr}");
     }
     if embedded {
         eprintln!("chash proxy: no -c given: the pool is in front of three in-process cache shards (shard-a, shard-b, shard-c)");

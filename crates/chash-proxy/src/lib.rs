@@ -54,6 +54,7 @@ mod registry;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod tls;
 mod twemproxy_stats;
 mod workers;
 
@@ -64,4 +65,5 @@ pub use pool::{check_servers, Change, Pool, PoolError};
 pub use proxy::{start, PoolSpec, Running, StartError};
 pub use registry::{Invalid, MembershipStatus, PoolReload, Registry, ReloadError};
 pub use stats::{PoolSnapshot, ServerSnapshot};
+pub use tls::{check as check_tls, TlsError};
 pub use twemproxy_stats::describe as describe_stats;

@@ -8,11 +8,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use chash::PoolConfig;
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 use crate::backend::{Requester, Speech};
-use crate::conn::{ConnGuard, ConnSettings};
+use crate::conn::{ClientStream, ConnGuard, ConnSettings};
 use crate::options::Shared;
 use crate::pool::Pool;
 
@@ -42,5 +41,5 @@ pub(crate) trait Protocol: Send + Sync {
     fn drains(&self) -> bool;
 
     /// Serves one client connection until it ends.
-    fn serve(&self, stream: TcpStream, client: Client) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    fn serve(&self, stream: ClientStream, client: Client) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }

@@ -86,6 +86,7 @@ impl std::error::Error for StartError {
 pub struct Running {
     registry: Arc<Registry>,
     listeners: Vec<(String, SocketAddr)>,
+    tls_listeners: Vec<(String, SocketAddr)>,
     admin: Option<SocketAddr>,
     stats: Option<SocketAddr>,
     shutdown: watch::Sender<bool>,
@@ -106,6 +107,12 @@ impl Running {
     /// gets its port here).
     pub fn listeners(&self) -> &[(String, SocketAddr)] {
         &self.listeners
+    }
+
+    /// The pools that serve TLS and the bound address they serve it on
+    /// (`tls_listen`, or `listen` itself when there is no `tls_listen`).
+    pub fn tls_listeners(&self) -> &[(String, SocketAddr)] {
+        &self.tls_listeners
     }
 
     /// The admin endpoint's bound address.
@@ -173,35 +180,48 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
     let mut started = Vec::new();
     let mut listeners = Vec::new();
     let mut bound = Vec::new();
+    let mut tls_listeners = Vec::new();
     let workers = match options.threads {
         Some(n) => Workers::start(n).map_err(StartError::Workers)?,
         None => Workers::current(),
     };
     for spec in pools {
         let speech = crate::protocols::of(&spec.config).speech(&spec.config);
+        let tls = crate::tls::acceptor(&spec.config.tls)
+            .map_err(|source| StartError::Pool(PoolError::Tls { pool: spec.config.name.clone(), source }))?;
         let pool = Pool::start(spec.config, spec.addresses, workers.clone(), speech).map_err(StartError::Pool)?;
-        let listener = bind(&pool.spec().listen, pool.spec().backlog).map_err(|source| StartError::Listen {
-            what: format!("pool {:?}", pool.name()),
-            addr: pool.spec().listen.clone(),
-            source,
-        })?;
-        let addr = listener.local_addr().map_err(|source| StartError::Listen {
-            what: format!("pool {:?}", pool.name()),
-            addr: pool.spec().listen.clone(),
-            source,
-        })?;
+        let listen = |addr: &str| -> Result<(TcpListener, SocketAddr), StartError> {
+            let failed =
+                |source| StartError::Listen { what: format!("pool {:?}", pool.name()), addr: addr.to_owned(), source };
+            let listener = bind(addr, pool.spec().backlog).map_err(failed)?;
+            let local = listener.local_addr().map_err(failed)?;
+            Ok((listener, local))
+        };
+        // `listen` is plaintext, and TLS is on `tls_listen`; without
+        // `tls_listen` a pool with a certificate serves TLS on `listen`.
+        let (listener, addr) = listen(&pool.spec().listen)?;
+        let tls_listen = pool.spec().tls.listen.clone();
+        let listen_is_tls = tls.is_some() && tls_listen.is_none();
         listeners.push((pool.name().to_owned(), addr));
-        bound.push((pool.clone(), listener));
+        if listen_is_tls {
+            tls_listeners.push((pool.name().to_owned(), addr));
+        }
+        bound.push((pool.clone(), listener, if listen_is_tls { tls.clone() } else { None }));
+        if let (Some(tls), Some(at)) = (tls, tls_listen) {
+            let (listener, addr) = listen(&at)?;
+            tls_listeners.push((pool.name().to_owned(), addr));
+            bound.push((pool.clone(), listener, Some(tls)));
+        }
         started.push(pool);
     }
     let registry = Arc::new(Registry::new(shared.clone(), started));
     let mut tasks = Vec::new();
     let pool_count = bound.len();
     let (open, connections) = mpsc::channel(1);
-    for (pool, listener) in bound {
+    for (pool, listener, tls) in bound {
         let shared = shared.clone();
         let stop = shutdown.subscribe();
-        tasks.push(tokio::spawn(accept_loop(listener, pool, shared, stop, open.clone())));
+        tasks.push(tokio::spawn(accept_loop(listener, pool, tls, shared, stop, open.clone())));
     }
     drop(open);
     if let (Some(path), true) = (&options.config_path, options.watch_config) {
@@ -250,12 +270,13 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         }
         None => None,
     };
-    Ok(Running { registry, listeners, admin, stats, shutdown, tasks, connections, workers })
+    Ok(Running { registry, listeners, tls_listeners, admin, stats, shutdown, tasks, connections, workers })
 }
 
 async fn accept_loop(
     listener: TcpListener,
     pool: Arc<Pool>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
     open: mpsc::Sender<()>,
@@ -292,10 +313,21 @@ async fn accept_loop(
         let shared = shared.clone();
         let stop = stop.clone();
         let workers = pool.workers().clone();
+        let tls = tls.clone();
         workers.serve_tcp(stream, move |stream| async move {
             let stream = match stream {
                 Ok(s) => s,
                 Err(e) => return tracing::warn!(pool = %pool.name(), "cannot hand a connection to a worker: {e}"),
+            };
+            let stream = match tls {
+                None => crate::conn::ClientStream::Plain(stream),
+                // The handshake on the worker, bounded: a client that
+                // never finishes it holds its socket for the timeout only.
+                Some(tls) => match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
+                    Ok(Ok(s)) => crate::conn::ClientStream::Tls(Box::new(s)),
+                    Ok(Err(e)) => return tracing::debug!(pool = %pool.name(), %peer, "TLS handshake failed: {e}"),
+                    Err(_) => return tracing::debug!(pool = %pool.name(), %peer, "TLS handshake timed out"),
+                },
             };
             let o = &shared.options;
             let settings = ConnSettings { idle: o.client_idle_timeout, budget: o.client_buffer };

@@ -112,6 +112,27 @@ pub struct PoolFile {
     /// file keeps it as a warm-up source (written by `chash config remove
     /// --drain`).
     pub drain: Option<std::collections::BTreeMap<String, u64>>,
+    /// chash (proxy): the certificate chain served to clients (PEM file).
+    pub tls_cert: Option<String>,
+    /// chash (proxy): its private key (PEM file).
+    pub tls_key: Option<String>,
+    /// chash (proxy): clients must present a certificate chaining to this CA.
+    pub tls_client_ca: Option<String>,
+    /// chash (proxy): serve TLS here and keep `listen` plaintext.
+    pub tls_listen: Option<String>,
+    /// chash (proxy): speak TLS to the servers.
+    pub server_tls: Option<bool>,
+    /// chash (proxy): the CA servers are verified with (default: system roots).
+    pub server_tls_ca: Option<String>,
+    /// chash (proxy): the client certificate presented to servers (PEM file).
+    pub server_tls_cert: Option<String>,
+    /// chash (proxy): its private key (PEM file).
+    pub server_tls_key: Option<String>,
+    /// chash (proxy): the name servers' certificates must carry (default:
+    /// each server's host).
+    pub server_tls_name: Option<String>,
+    /// chash (proxy): `false` skips verifying servers (logged loudly).
+    pub server_tls_verify: Option<bool>,
 }
 
 /// A whole config file: pools in file order.
@@ -220,6 +241,18 @@ impl PoolFile {
         b = set(b, &self.read, |b, v: String| b.read(&v));
         b = set(b, &self.failover, |b, v: String| b.failover(&v));
         b = set(b, &self.drain, |b, v| b.drain(v.into_iter().collect()));
+        let mut tls = crate::pool_config::PoolTls::default();
+        tls.cert.clone_from(&self.tls_cert);
+        tls.key.clone_from(&self.tls_key);
+        tls.client_ca.clone_from(&self.tls_client_ca);
+        tls.listen.clone_from(&self.tls_listen);
+        tls.server = self.server_tls.unwrap_or(false);
+        tls.server_ca.clone_from(&self.server_tls_ca);
+        tls.server_cert.clone_from(&self.server_tls_cert);
+        tls.server_key.clone_from(&self.server_tls_key);
+        tls.server_name.clone_from(&self.server_tls_name);
+        tls.server_verify = self.server_tls_verify.unwrap_or(true);
+        b = b.tls(tls);
         for line in &self.servers {
             b = b.server_line(line);
         }

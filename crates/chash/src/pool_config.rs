@@ -95,6 +95,90 @@ pub struct PoolConfig {
     /// Removed servers that stay warm-up sources until a Unix time
     /// (`drain`: id to seconds), for the reload that removes them.
     pub drain: Vec<(String, u64)>,
+    /// TLS to clients and to servers (file paths; the proxy reads them).
+    pub tls: PoolTls,
+}
+
+/// A pool's TLS settings as its config names them: PEM file paths, which
+/// the proxy reads and checks (this library does no I/O).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolTls {
+    /// The certificate chain clients are served (`tls_cert`): with it the
+    /// pool's clients speak TLS.
+    pub cert: Option<String>,
+    /// Its private key (`tls_key`).
+    pub key: Option<String>,
+    /// Clients must present a certificate that chains to this CA
+    /// (`tls_client_ca`): mutual TLS.
+    pub client_ca: Option<String>,
+    /// Serve TLS on this address and keep `listen` plaintext (`tls_listen`);
+    /// without it, `listen` itself is TLS.
+    pub listen: Option<String>,
+    /// Speak TLS to the servers (`server_tls`).
+    pub server: bool,
+    /// The CA servers are verified with (`server_tls_ca`; default: the
+    /// system's roots).
+    pub server_ca: Option<String>,
+    /// The certificate the proxy presents to servers that ask for one
+    /// (`server_tls_cert`), with its key (`server_tls_key`).
+    pub server_cert: Option<String>,
+    /// See `server_cert`.
+    pub server_key: Option<String>,
+    /// The name servers' certificates must carry (`server_tls_name`;
+    /// default: each server's host, an IP verified as an IP).
+    pub server_name: Option<String>,
+    /// Verify servers' certificates (`server_tls_verify`; default true).
+    pub server_verify: bool,
+}
+
+impl Default for PoolTls {
+    fn default() -> PoolTls {
+        PoolTls {
+            cert: None,
+            key: None,
+            client_ca: None,
+            listen: None,
+            server: false,
+            server_ca: None,
+            server_cert: None,
+            server_key: None,
+            server_name: None,
+            server_verify: true,
+        }
+    }
+}
+
+impl PoolTls {
+    /// Whether clients are served TLS.
+    pub fn serves_tls(&self) -> bool {
+        self.cert.is_some()
+    }
+
+    /// Checks that the keys go together.
+    ///
+    /// # Errors
+    /// A certificate without its key (or the other way round), a client CA
+    /// or TLS listen address without a certificate, server keys without
+    /// `server_tls: true`.
+    pub fn check(&self) -> Result<()> {
+        let bad = |msg: &str| Err(Error::Config(msg.to_owned()));
+        if self.cert.is_some() != self.key.is_some() {
+            return bad("tls_cert and tls_key go together (a certificate chain and its private key, PEM files)");
+        }
+        if self.cert.is_none() && (self.client_ca.is_some() || self.listen.is_some()) {
+            return bad("tls_client_ca and tls_listen need tls_cert and tls_key (the certificate clients are served)");
+        }
+        if self.server_cert.is_some() != self.server_key.is_some() {
+            return bad("server_tls_cert and server_tls_key go together (the client certificate the proxy presents)");
+        }
+        let server_keys =
+            self.server_ca.is_some() || self.server_cert.is_some() || self.server_name.is_some() || !self.server_verify;
+        if server_keys && !self.server {
+            return bad("server_tls_ca, server_tls_cert, server_tls_key, server_tls_name and server_tls_verify need server_tls: true");
+        }
+        Ok(())
+    }
 }
 
 impl PoolConfig {
@@ -229,6 +313,7 @@ pub struct PoolBuilder {
     read: Option<String>,
     failover: Option<String>,
     drain: Vec<(String, u64)>,
+    tls: PoolTls,
 }
 
 /// A setter for an optional builder field.
@@ -278,7 +363,14 @@ impl PoolBuilder {
             read: None,
             failover: None,
             drain: Vec::new(),
+            tls: PoolTls::default(),
         }
+    }
+
+    /// The pool's TLS settings (checked by [`PoolBuilder::build`]).
+    pub fn tls(mut self, tls: PoolTls) -> Self {
+        self.tls = tls;
+        self
     }
 
     setter!(
@@ -518,7 +610,9 @@ impl PoolBuilder {
                 Some(other) => return Err(Error::Config(format!("failover: {other:?}: use none or next"))),
             },
             drain: self.drain,
+            tls: self.tls,
         };
+        pool.tls.check()?;
         if pool.replicas == 0 {
             return Err(Error::Config("replicas: 0: every key needs at least one copy (the default is 1)".into()));
         }

@@ -76,13 +76,28 @@ fn due(deadline: Option<Instant>, now: Instant) -> bool {
     deadline.is_some_and(|d| d <= now)
 }
 
-async fn connect(address: &Address, timeout: Option<Duration>) -> std::io::Result<(BoxRead, BoxWrite)> {
+async fn connect(
+    address: &Address,
+    timeout: Option<Duration>,
+    tls: Option<&crate::tls::Connector>,
+) -> std::io::Result<(BoxRead, BoxWrite)> {
     let limit = timeout.unwrap_or(CONNECT_LIMIT).max(Duration::from_millis(100));
     let connecting = async {
         match address {
             Address::Tcp(a) => {
                 let s = tokio::net::TcpStream::connect(a.as_str()).await?;
                 s.set_nodelay(true)?;
+                if let Some(tls) = tls {
+                    // The handshake is part of the connection attempt: a
+                    // failure is a failed connection, with its reason.
+                    let host = a.rsplit_once(':').map_or(a.as_str(), |(host, _)| host);
+                    let stream = tls
+                        .connect(host, s)
+                        .await
+                        .map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake with {a}: {e}")))?;
+                    let (r, w) = tokio::io::split(stream);
+                    return Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite));
+                }
                 let (r, w) = s.into_split();
                 Ok::<(BoxRead, BoxWrite), std::io::Error>((Box::new(r), Box::new(w)))
             }
@@ -110,8 +125,9 @@ async fn open(
     address: &Address,
     timeout: Option<Duration>,
     setup: Option<&Setup>,
+    tls: Option<&crate::tls::Connector>,
 ) -> Result<(BoxRead, BoxWrite), String> {
-    let (mut r, mut w) = connect(address, timeout).await.map_err(|e| e.to_string())?;
+    let (mut r, mut w) = connect(address, timeout, tls).await.map_err(|e| e.to_string())?;
     if let Some(setup) = setup {
         let exchange = run_setup(&mut r, &mut w, setup);
         match tokio::time::timeout(timeout.unwrap_or(CONNECT_LIMIT), exchange).await {
@@ -154,7 +170,7 @@ async fn open_while_waiting(
     rx: &mut mpsc::Receiver<Job>,
     waiting: &mut VecDeque<Job>,
 ) -> Option<Result<(BoxRead, BoxWrite), String>> {
-    let opening = open(&slot.address, slot.settings.timeout, slot.setup.as_ref());
+    let opening = open(&slot.address, slot.settings.timeout, slot.setup.as_ref(), slot.settings.tls.as_deref());
     tokio::pin!(opening);
     loop {
         let front = waiting.front().and_then(|j| j.deadline);

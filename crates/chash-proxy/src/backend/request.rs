@@ -101,6 +101,8 @@ pub struct BackendSettings {
     /// RESP3), each with the commands its connections run first; a request
     /// names its dialect ([`Requester::dialect`]). At least one.
     pub dialects: Vec<Option<Setup>>,
+    /// TLS to the servers (`server_tls`), over TCP.
+    pub(crate) tls: Option<Arc<crate::tls::Connector>>,
 }
 
 /// A client connection's account of reply bytes that have arrived from

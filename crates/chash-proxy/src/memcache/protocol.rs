@@ -5,7 +5,6 @@ use std::pin::Pin;
 
 use bytes::Bytes;
 use chash::PoolConfig;
-use tokio::net::TcpStream;
 
 use super::session::MemcacheSession;
 use super::LINE;
@@ -53,7 +52,7 @@ impl Protocol for Memcached {
         true
     }
 
-    fn serve(&self, stream: TcpStream, c: Client) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    fn serve(&self, stream: crate::conn::ClientStream, c: Client) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         let session = MemcacheSession::new(c.pool, c.shared, c.requester.clone());
         Box::pin(crate::conn::serve(stream, session, c.requester, c.settings, c.stop, c.guard))
     }

@@ -50,6 +50,13 @@ pub enum PoolError {
         /// Why.
         why: String,
     },
+    /// The pool's TLS settings cannot be used.
+    Tls {
+        /// The pool.
+        pool: String,
+        /// Why.
+        source: crate::tls::TlsError,
+    },
     /// A change that takes effect only after a restart (a new pool, a
     /// pool gone from the config).
     NeedsRestart {
@@ -83,6 +90,7 @@ impl fmt::Display for PoolError {
                  HOST:PORT:WEIGHT [NAME] or /socket/path:WEIGHT [NAME], e.g. 127.0.0.1:11211:1)"
             ),
             PoolError::NeedsRestart { pool, what } => write!(f, "pool {pool:?}: {what}"),
+            PoolError::Tls { pool, source } => write!(f, "pool {pool:?}: {source}"),
             PoolError::UnknownPool(pool) => write!(f, "no pool {pool:?}"),
             PoolError::Persist { pool, why } => {
                 write!(f, "pool {pool:?}: not changed, because the config file could not be updated: {why}")
@@ -97,6 +105,7 @@ impl std::error::Error for PoolError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             PoolError::Placement { source: e, .. } | PoolError::ServerLine(e) => Some(e),
+            PoolError::Tls { source, .. } => Some(source),
             _ => None,
         }
     }

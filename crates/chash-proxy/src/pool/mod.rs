@@ -104,7 +104,16 @@ impl Pool {
             preconnect: config.preconnect,
             failure_limit: config.server_failure_limit,
             dialects: if speech.dialects.is_empty() { vec![None] } else { speech.dialects },
+            tls: crate::tls::connector(&config.tls)
+                .map_err(|source| PoolError::Tls { pool: config.name.clone(), source })?,
         };
+        if config.tls.server && !config.tls.server_verify {
+            tracing::warn!(
+                pool = %config.name,
+                "server_tls_verify: false: server certificates are NOT verified (the connections are encrypted, but \
+                 anyone between the proxy and its servers can pose as them)"
+            );
+        }
         // Ejection happens on the failing connection's thread, before the
         // failed requests are answered: their clients' next requests go to
         // the placement without the server.

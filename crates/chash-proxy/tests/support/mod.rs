@@ -359,6 +359,8 @@ impl Drop for Redis {
 /// The proxy running in its own runtime on a background thread.
 pub struct Proxy {
     pub addr: SocketAddr,
+    /// The first pool's TLS address, if it serves TLS.
+    pub tls: Option<SocketAddr>,
     pub admin: SocketAddr,
     pub stats: Option<SocketAddr>,
     stop: Option<mpsc::Sender<()>>,
@@ -394,6 +396,7 @@ impl Proxy {
                 let running = chash_proxy::start(pools, options).await.expect("proxy starts");
                 tx.send((
                     running.listeners()[0].1,
+                    running.tls_listeners().first().map(|l| l.1),
                     running.admin().unwrap(),
                     running.stats(),
                     running.registry().clone(),
@@ -407,8 +410,8 @@ impl Proxy {
                 running.shutdown().await;
             });
         });
-        let (addr, admin, stats, handle) = rx.recv_timeout(Duration::from_secs(10)).expect("proxy started");
-        Proxy { addr, admin, stats, stop: Some(stop_tx), thread: Some(thread), handle }
+        let (addr, tls, admin, stats, handle) = rx.recv_timeout(Duration::from_secs(10)).expect("proxy started");
+        Proxy { addr, tls, admin, stats, stop: Some(stop_tx), thread: Some(thread), handle }
     }
 
     pub fn client(&self) -> Client {

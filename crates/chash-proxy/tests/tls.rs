@@ -1,0 +1,317 @@
+//! TLS on both sides of the proxy, against real redis-servers speaking TLS
+//! (`--tls-port`) and real clients (`redis-cli --tls`), with certificates
+//! made by the test (openssl): a CA, servers' and a client's certificates,
+//! and a second CA the proxy does not trust.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::{require, spawn_server, Proxy};
+
+/// Certificates in a directory of their own, removed when dropped.
+struct Pki {
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn new() -> Pki {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("chash-tls-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pki = Pki { dir };
+        pki.ca("ca");
+        pki.ca("other-ca");
+        pki.leaf("server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost");
+        pki.leaf("stranger", "other-ca", "subjectAltName=IP:127.0.0.1,DNS:localhost");
+        pki.leaf("client", "ca", "extendedKeyUsage=clientAuth");
+        pki.leaf("other-client", "other-ca", "extendedKeyUsage=clientAuth");
+        pki
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+
+    fn openssl(&self, args: &[&str]) {
+        let openssl = require("openssl", "openssl");
+        let out = Command::new(openssl).args(args).current_dir(&self.dir).output().unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    fn ca(&self, name: &str) {
+        let (key, pem, subject) = (format!("{name}.key"), format!("{name}.pem"), format!("/CN=chash test {name}"));
+        self.openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &pem,
+            "-days",
+            "30",
+            "-subj",
+            &subject,
+        ]);
+    }
+
+    /// A certificate `name` signed by CA `ca`, with extension `ext`.
+    fn leaf(&self, name: &str, ca: &str, ext: &str) {
+        let (key, csr, pem) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"));
+        let ext_file = format!("{name}.ext");
+        std::fs::write(self.dir.join(&ext_file), format!("{ext}\n")).unwrap();
+        self.openssl(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        self.openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-out",
+            &pem,
+            "-days",
+            "30",
+            "-extfile",
+            &ext_file,
+        ]);
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A redis-server speaking only TLS, with certificate `cert` (of the
+/// Pki); `clients_need_certs`: `--tls-auth-clients yes`.
+struct TlsRedis {
+    port: u16,
+    child: Child,
+}
+
+impl TlsRedis {
+    fn start(pki: &Pki, cert: &str, clients_need_certs: bool) -> TlsRedis {
+        require("redis-server", "redis-server");
+        let (port, child) = spawn_server(|port| {
+            let mut c = Command::new("redis-server");
+            c.args(["--port", "0", "--tls-port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--tls-cert-file", &pki.path(&format!("{cert}.pem"))])
+                .args(["--tls-key-file", &pki.path(&format!("{cert}.key"))])
+                .args(["--tls-ca-cert-file", &pki.path("ca.pem")])
+                .args(["--tls-auth-clients", if clients_need_certs { "yes" } else { "no" }])
+                .args(["--save", "", "--appendonly", "no"]);
+            c
+        });
+        TlsRedis { port, child }
+    }
+
+    fn id(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One RESP command on a plaintext connection; its reply's first line (and
+/// a bulk's value).
+fn cmd(addr: SocketAddr, args: &[&str]) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut out = format!("*{}\r\n", args.len());
+    for a in args {
+        out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(out.as_bytes()).unwrap();
+    let mut r = BufReader::new(s);
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap();
+    if line.starts_with('$') && !line.starts_with("$-1") {
+        let mut value = String::new();
+        r.read_line(&mut value).unwrap();
+        return value.trim_end().to_owned();
+    }
+    line.trim_end().to_owned()
+}
+
+/// `redis-cli --tls` with `extra` flags: (exit status ok, what it printed).
+fn redis_cli_tls(addr: SocketAddr, pki: &Pki, extra: &[String], args: &[&str]) -> (bool, String) {
+    let cli = require("redis-cli", "redis-tools");
+    let out = Command::new(cli)
+        .args(["--tls", "--cacert", &pki.path("ca.pem"), "-h", "127.0.0.1", "-p", &addr.port().to_string()])
+        .args(extra)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success() && !text.contains("Could not") && !text.contains("rror"), text.trim().to_owned())
+}
+
+/// A Redis pool (ketama, md5) of `servers` named `s1`, `s2`, ...: ketama
+/// places by name, so where keys go does not depend on the ports drawn.
+fn pool(extra: &str, servers: &[&TlsRedis]) -> String {
+    let mut yml =
+        format!("alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n  timeout: 2000\n{extra}  servers:\n");
+    for (i, s) in servers.iter().enumerate() {
+        yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
+    }
+    yml
+}
+
+/// A Redis pool over TLS servers, one of which requires client
+/// certificates: every key written through the proxy reads back, on both.
+#[test]
+fn a_redis_pool_over_tls_servers() {
+    let pki = Pki::new();
+    let servers = [TlsRedis::start(&pki, "server", false), TlsRedis::start(&pki, "server", true)];
+    let extra = format!(
+        "  server_tls: true\n  server_tls_ca: {}\n  server_tls_cert: {}\n  server_tls_key: {}\n",
+        pki.path("ca.pem"),
+        pki.path("client.pem"),
+        pki.path("client.key")
+    );
+    let proxy = Proxy::start(&pool(&extra, &[&servers[0], &servers[1]]));
+    for i in 0..60 {
+        let key = format!("tls:{i}");
+        assert_eq!(cmd(proxy.addr, &["SET", &key, &format!("v{i}")]), "+OK", "{key}");
+    }
+    for i in 0..60 {
+        assert_eq!(cmd(proxy.addr, &["GET", &format!("tls:{i}")]), format!("v{i}"));
+    }
+    // Both servers took keys (straight to each, over TLS with the client
+    // certificate).
+    let client = ["--cert".to_owned(), pki.path("client.pem"), "--key".to_owned(), pki.path("client.key")];
+    for s in &servers {
+        let (ok, keys) = redis_cli_tls(SocketAddr::from(([127, 0, 0, 1], s.port)), &pki, &client, &["DBSIZE"]);
+        assert!(ok, "{keys}");
+        assert!(keys.parse::<u32>().unwrap() > 5, "{} holds {keys} keys", s.id());
+    }
+}
+
+/// A server whose certificate the proxy cannot verify is not used: its
+/// requests get an error naming the reason, within the pool's timeout.
+/// An explicit `server_tls_verify: false` takes it.
+#[test]
+fn servers_are_verified() {
+    let pki = Pki::new();
+    let stranger = TlsRedis::start(&pki, "stranger", false);
+    let ca = format!("  server_tls: true\n  server_tls_ca: {}\n", pki.path("ca.pem"));
+    let proxy = Proxy::start(&pool(&ca, &[&stranger]));
+    let started = Instant::now();
+    let reply = cmd(proxy.addr, &["GET", "k"]);
+    assert!(reply.starts_with("-ERR backend") && reply.contains("certificate"), "{reply}");
+    assert!(started.elapsed() < Duration::from_secs(3), "answered within its timeout");
+    drop(proxy);
+
+    let right = TlsRedis::start(&pki, "server", false);
+    let named = format!("{ca}  server_tls_name: cache.example\n");
+    let proxy = Proxy::start(&pool(&named, &[&right]));
+    let reply = cmd(proxy.addr, &["GET", "k"]);
+    assert!(reply.starts_with("-ERR backend") && reply.contains("certificate"), "{reply}");
+    drop(proxy);
+
+    let unverified = "  server_tls: true\n  server_tls_verify: false\n";
+    let proxy = Proxy::start(&pool(unverified, &[&stranger]));
+    assert_eq!(cmd(proxy.addr, &["SET", "k", "v"]), "+OK");
+    assert_eq!(cmd(proxy.addr, &["GET", "k"]), "v");
+}
+
+/// Clients speak TLS to the proxy on `tls_listen` while `listen` stays
+/// plaintext; with `tls_client_ca`, a client without a certificate, or with
+/// one from another CA, is refused at the handshake.
+#[test]
+fn clients_speak_tls_to_the_proxy() {
+    let pki = Pki::new();
+    let server = TlsRedis::start(&pki, "server", false);
+    let tls = format!(
+        "  tls_cert: {}\n  tls_key: {}\n  tls_listen: 127.0.0.1:0\n  server_tls: true\n  server_tls_ca: {}\n",
+        pki.path("server.pem"),
+        pki.path("server.key"),
+        pki.path("ca.pem")
+    );
+    let proxy = Proxy::start(&pool(&tls, &[&server]));
+    let at = proxy.tls.expect("a TLS listener");
+    let (ok, out) = redis_cli_tls(at, &pki, &[], &["SET", "over", "tls"]);
+    assert!(ok && out == "OK", "{out}");
+    assert_eq!(cmd(proxy.addr, &["GET", "over"]), "tls", "the plaintext listener serves the same pool");
+    // Plaintext bytes on the TLS listener get no reply.
+    let mut raw = TcpStream::connect(at).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    raw.write_all(b"*1\r\n$4\r\nPING\r\n").unwrap();
+    let mut buf = [0u8; 64];
+    let n = std::io::Read::read(&mut raw, &mut buf).unwrap_or(0);
+    assert!(!String::from_utf8_lossy(&buf[..n]).contains("PONG"));
+    drop(proxy);
+
+    let mutual = format!("{tls}  tls_client_ca: {}\n", pki.path("ca.pem"));
+    let proxy = Proxy::start(&pool(&mutual, &[&server]));
+    let at = proxy.tls.unwrap();
+    let (ok, out) = redis_cli_tls(at, &pki, &[], &["PING"]);
+    assert!(!ok, "no client certificate: {out}");
+    let other = ["--cert".to_owned(), pki.path("other-client.pem"), "--key".to_owned(), pki.path("other-client.key")];
+    let (ok, out) = redis_cli_tls(at, &pki, &other, &["PING"]);
+    assert!(!ok, "a certificate from another CA: {out}");
+    let good = ["--cert".to_owned(), pki.path("client.pem"), "--key".to_owned(), pki.path("client.key")];
+    let (ok, out) = redis_cli_tls(at, &pki, &good, &["GET", "over"]);
+    assert!(ok && out == "tls", "{out}");
+}
+
+/// TLS settings are checked when they are read: files that do not exist
+/// or do not parse, a key that is not its certificate's, keys that need
+/// others.
+#[test]
+fn tls_settings_are_checked() {
+    let pki = Pki::new();
+    let tls = |yml: &str| chash::config::Config::from_yaml(yml).and_then(|c| c.pool(None)).map(|p| p.tls);
+    let with = |keys: &str| format!("alpha:\n{keys}  servers:\n   - 127.0.0.1:1:1\n");
+    let e = tls(&with("  tls_cert: a.pem\n")).unwrap_err().to_string();
+    assert!(e.contains("tls_cert and tls_key go together"), "{e}");
+    let e = tls(&with("  server_tls_ca: ca.pem\n")).unwrap_err().to_string();
+    assert!(e.contains("need server_tls: true"), "{e}");
+
+    let check = |keys: String| chash_proxy::check_tls(&tls(&with(&keys)).unwrap()).map_err(|e| e.to_string());
+    let missing = check(format!("  tls_cert: {}\n  tls_key: {}\n", pki.path("nope.pem"), pki.path("server.key")));
+    assert!(missing.as_ref().unwrap_err().contains("nope.pem"), "{missing:?}");
+    let mismatched = check(format!("  tls_cert: {}\n  tls_key: {}\n", pki.path("server.pem"), pki.path("client.key")));
+    assert!(mismatched.is_err(), "a key that is not the certificate's");
+    let not_a_ca = check(format!("  server_tls: true\n  server_tls_ca: {}\n", pki.path("server.key")));
+    assert!(not_a_ca.as_ref().unwrap_err().contains("server_tls_ca"), "{not_a_ca:?}");
+    assert_eq!(
+        check(format!("  tls_cert: {}\n  tls_key: {}\n", pki.path("server.pem"), pki.path("server.key"))),
+        Ok(())
+    );
+    assert!(Path::new(&pki.path("ca.pem")).exists());
+}
