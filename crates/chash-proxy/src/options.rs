@@ -45,6 +45,9 @@ pub struct ProxyOptions {
     /// reading its requests (16 times that and it is disconnected).
     /// Defaults to 4 MiB.
     pub client_buffer: usize,
+    /// How long a client's TLS handshake may take before its connection
+    /// is closed. Defaults to 10 s.
+    pub tls_handshake_timeout: Duration,
     /// The config file, for reloads (SIGHUP, `POST /reload`, and when it
     /// changes on disk, with `watch_config`).
     pub config_path: Option<PathBuf>,
@@ -90,6 +93,7 @@ impl Default for ProxyOptions {
             max_value_size: None,
             client_idle_timeout: None,
             client_buffer: DEFAULT_CLIENT_BUFFER,
+            tls_handshake_timeout: crate::tls::HANDSHAKE_TIMEOUT,
             config_path: None,
             persist: false,
             watch_config: true,

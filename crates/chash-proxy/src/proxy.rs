@@ -323,11 +323,24 @@ async fn accept_loop(
                 None => crate::conn::ClientStream::Plain(stream),
                 // The handshake on the worker, bounded: a client that
                 // never finishes it holds its socket for the timeout only.
-                Some(tls) => match tokio::time::timeout(crate::tls::HANDSHAKE_TIMEOUT, tls.accept(stream)).await {
-                    Ok(Ok(s)) => crate::conn::ClientStream::Tls(Box::new(s)),
-                    Ok(Err(e)) => return tracing::debug!(pool = %pool.name(), %peer, "TLS handshake failed: {e}"),
-                    Err(_) => return tracing::debug!(pool = %pool.name(), %peer, "TLS handshake timed out"),
-                },
+                Some(tls) => {
+                    let limit = shared.options.tls_handshake_timeout;
+                    let c = pool.counters();
+                    match tokio::time::timeout(limit, tls.accept(stream)).await {
+                        Ok(Ok(s)) => {
+                            c.tls_handshakes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            crate::conn::ClientStream::Tls(Box::new(s))
+                        }
+                        Ok(Err(e)) => {
+                            c.tls_handshake_errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            return tracing::debug!(pool = %pool.name(), %peer, "TLS handshake failed: {e}");
+                        }
+                        Err(_) => {
+                            c.tls_handshake_timeouts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            return tracing::debug!(pool = %pool.name(), %peer, "TLS handshake not done in {limit:?}: closed");
+                        }
+                    }
+                }
             };
             let o = &shared.options;
             let settings = ConnSettings { idle: o.client_idle_timeout, budget: o.client_buffer };

@@ -107,6 +107,12 @@ counters! {
         warmup_deletes: Counter,
         /// Large Redis replies passed on as they arrived.
         streamed_replies: Counter,
+        /// TLS handshakes with clients completed.
+        tls_handshakes: Counter,
+        /// TLS handshakes with clients that failed (no or a bad client certificate, not TLS, an old protocol version, ...).
+        tls_handshake_errors: Counter,
+        /// TLS handshakes with clients not completed within the handshake timeout (the connection was closed).
+        tls_handshake_timeouts: Counter,
     }
 }
 

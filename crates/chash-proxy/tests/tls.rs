@@ -287,6 +287,9 @@ fn clients_speak_tls_to_the_proxy() {
     let good = ["--cert".to_owned(), pki.path("client.pem"), "--key".to_owned(), pki.path("client.key")];
     let (ok, out) = redis_cli_tls(at, &pki, &good, &["GET", "over"]);
     assert!(ok && out == "tls", "{out}");
+    let stats = &proxy.handle.stats()[0];
+    assert_eq!(stats.get("tls_handshake_errors"), 2, "the two refused clients are counted");
+    assert_eq!(stats.get("tls_handshakes"), 1);
 }
 
 /// TLS settings are checked when they are read: files that do not exist
@@ -314,4 +317,63 @@ fn tls_settings_are_checked() {
         Ok(())
     );
     assert!(Path::new(&pki.path("ca.pem")).exists());
+}
+
+/// Open file descriptors this process may have (the soft limit).
+fn fd_limit() -> usize {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap_or_default();
+    line.split_whitespace().nth(3).and_then(|n| n.parse().ok()).unwrap_or(1024)
+}
+
+/// 1,000 connections that open TCP and never start their handshake hold
+/// nothing but their sockets, and those only until the handshake timeout:
+/// a client meanwhile is served, and then every one of them is closed,
+/// counted, and gone from the pool's open connections.
+#[test]
+fn stuck_handshakes_are_bounded() {
+    let pki = Pki::new();
+    let server = TlsRedis::start(&pki, "server", false);
+    let tls = format!(
+        "  tls_cert: {}\n  tls_key: {}\n  tls_listen: 127.0.0.1:0\n  server_tls: true\n  server_tls_ca: {}\n",
+        pki.path("server.pem"),
+        pki.path("server.key"),
+        pki.path("ca.pem")
+    );
+    let mut options = chash_proxy::ProxyOptions::default();
+    options.tls_handshake_timeout = Duration::from_secs(3);
+    let proxy = Proxy::start_with(&pool(&tls, &[&server]), options, None);
+    let at = proxy.tls.unwrap();
+    // Both ends of each connection are in this process: leave room.
+    let n = 1000.min(fd_limit().saturating_sub(200) / 2);
+    let stuck: Vec<TcpStream> = (0..n).map(|_| TcpStream::connect(at).unwrap()).collect();
+    let stat = |name: &str| proxy.handle.stats()[0].get(name);
+    let open = || stat("curr_connections");
+    // Accepted (counted when accepted: some may time out before the last
+    // is, so not all need be open at once).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stat("total_connections") < n as u64 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(stat("total_connections"), n as u64, "all {n} accepted");
+    // Served meanwhile.
+    let (ok, out) = redis_cli_tls(at, &pki, &[], &["SET", "k", "v"]);
+    assert!(ok && out == "OK", "{out}");
+    assert_eq!(cmd(proxy.addr, &["GET", "k"]), "v");
+    // Each stuck one is closed by the proxy once its time is up.
+    for mut s in stuck {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut byte = [0u8; 1];
+        let closed = matches!(std::io::Read::read(&mut s, &mut byte), Ok(0) | Err(_));
+        assert!(closed, "a connection that never shook hands was closed");
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while open() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stats = &proxy.handle.stats()[0];
+    assert_eq!(stats.get("curr_connections"), 0);
+    assert_eq!(stats.get("tls_handshake_timeouts"), n as u64);
+    assert_eq!(stats.get("tls_handshakes"), 1);
+    assert_eq!(stats.get("total_connections"), n as u64 + 2, "the stuck ones, redis-cli and the plaintext client");
 }
