@@ -377,3 +377,80 @@ fn stuck_handshakes_are_bounded() {
     assert_eq!(stats.get("tls_handshakes"), 1);
     assert_eq!(stats.get("total_connections"), n as u64 + 2, "the stuck ones, redis-cli and the plaintext client");
 }
+
+/// A memcached speaking only TLS (`memcached -Z`), with the Pki's server
+/// certificate.
+struct TlsMemcached {
+    port: u16,
+    child: Child,
+}
+
+impl TlsMemcached {
+    fn start(pki: &Pki) -> TlsMemcached {
+        let memcached = require("memcached", "memcached");
+        let (port, child) = spawn_server(|port| {
+            let mut c = Command::new(&memcached);
+            let ssl = format!(
+                "ssl_chain_cert={},ssl_key={},ssl_ca_cert={}",
+                pki.path("server.pem"),
+                pki.path("server.key"),
+                pki.path("ca.pem")
+            );
+            c.args(["-Z", "-o", &ssl, "-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0", "-m", "64", "-u", "root"]);
+            c
+        });
+        TlsMemcached { port, child }
+    }
+}
+
+impl Drop for TlsMemcached {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run_script(script: &str, args: &[&str]) {
+    let python = require("python3", "python3");
+    let path = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(python).arg(&path).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed:\n{text}");
+}
+
+/// TLS on both sides, with the client libraries applications use:
+/// pymemcache (an ssl context) through a memcached pool over `memcached
+/// -Z` servers, and redis-py (`ssl=True`, with a client certificate)
+/// through a Redis pool over TLS redis-servers, one requiring client
+/// certificates; what they write reads back, plaintext clients see it.
+#[test]
+fn client_libraries_over_tls_on_both_sides() {
+    let pki = Pki::new();
+    let client_tls = format!(
+        "  tls_cert: {}\n  tls_key: {}\n  tls_listen: 127.0.0.1:0\n  server_tls: true\n  server_tls_ca: {}\n",
+        pki.path("server.pem"),
+        pki.path("server.key"),
+        pki.path("ca.pem")
+    );
+    let mcs = [TlsMemcached::start(&pki), TlsMemcached::start(&pki)];
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:0\n  hash: md5\n  timeout: 2000\n{client_tls}  servers:\n");
+    for (i, m) in mcs.iter().enumerate() {
+        yml.push_str(&format!("   - 127.0.0.1:{}:1 s{}\n", m.port, i + 1));
+    }
+    let proxy = Proxy::start(&yml);
+    let (tls_at, plain_at) = (proxy.tls.unwrap().to_string(), proxy.addr.to_string());
+    run_script("tls_clients.py", &["memcached", &tls_at, &plain_at, &pki.path("ca.pem")]);
+    drop(proxy);
+
+    let servers = [TlsRedis::start(&pki, "server", false), TlsRedis::start(&pki, "server", true)];
+    let both = format!(
+        "{client_tls}  tls_client_ca: {}\n  server_tls_cert: {}\n  server_tls_key: {}\n",
+        pki.path("ca.pem"),
+        pki.path("client.pem"),
+        pki.path("client.key")
+    );
+    let proxy = Proxy::start(&pool(&both, &[&servers[0], &servers[1]]));
+    let (tls_at, plain_at) = (proxy.tls.unwrap().to_string(), proxy.addr.to_string());
+    let (cert, key) = (pki.path("client.pem"), pki.path("client.key"));
+    run_script("tls_clients.py", &["redis", &tls_at, &plain_at, &pki.path("ca.pem"), &cert, &key]);
+}
