@@ -187,8 +187,6 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
     };
     for spec in pools {
         let speech = crate::protocols::of(&spec.config).speech(&spec.config);
-        let tls = crate::tls::acceptor(&spec.config.tls)
-            .map_err(|source| StartError::Pool(PoolError::Tls { pool: spec.config.name.clone(), source }))?;
         let pool = Pool::start(spec.config, spec.addresses, workers.clone(), speech).map_err(StartError::Pool)?;
         let listen = |addr: &str| -> Result<(TcpListener, SocketAddr), StartError> {
             let failed =
@@ -201,16 +199,17 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         // `tls_listen` a pool with a certificate serves TLS on `listen`.
         let (listener, addr) = listen(&pool.spec().listen)?;
         let tls_listen = pool.spec().tls.listen.clone();
-        let listen_is_tls = tls.is_some() && tls_listen.is_none();
+        let serves_tls = pool.spec().tls.serves_tls();
+        let listen_is_tls = serves_tls && tls_listen.is_none();
         listeners.push((pool.name().to_owned(), addr));
         if listen_is_tls {
             tls_listeners.push((pool.name().to_owned(), addr));
         }
-        bound.push((pool.clone(), listener, if listen_is_tls { tls.clone() } else { None }));
-        if let (Some(tls), Some(at)) = (tls, tls_listen) {
+        bound.push((pool.clone(), listener, listen_is_tls));
+        if let (true, Some(at)) = (serves_tls, tls_listen) {
             let (listener, addr) = listen(&at)?;
             tls_listeners.push((pool.name().to_owned(), addr));
-            bound.push((pool.clone(), listener, Some(tls)));
+            bound.push((pool.clone(), listener, true));
         }
         started.push(pool);
     }
@@ -276,7 +275,7 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
 async fn accept_loop(
     listener: TcpListener,
     pool: Arc<Pool>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: bool,
     shared: Arc<Shared>,
     mut stop: watch::Receiver<bool>,
     open: mpsc::Sender<()>,
@@ -313,7 +312,8 @@ async fn accept_loop(
         let shared = shared.clone();
         let stop = stop.clone();
         let workers = pool.workers().clone();
-        let tls = tls.clone();
+        // The acceptor as it is now (certificates reload without a restart).
+        let tls = if tls { pool.tls().acceptor() } else { None };
         workers.serve_tcp(stream, move |stream| async move {
             let stream = match stream {
                 Ok(s) => s,

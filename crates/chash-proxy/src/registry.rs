@@ -513,6 +513,9 @@ impl Registry {
     fn reload_text(&self, path: &Path, text: &str) -> Result<Vec<PoolReload>, ReloadError> {
         self.file.known.store(content_hash(text), Relaxed);
         let result = self.apply_text(path, text);
+        // A reload reads the pools' TLS files again too (a rotated
+        // certificate, a fixed CA).
+        let tls_problems = self.reload_tls(false);
         let problem = match &result {
             Err(e) => Some(e.to_string()),
             Ok(results) => {
@@ -527,6 +530,7 @@ impl Registry {
                         Err(e) => Some(e.to_string()),
                     })
                     .collect();
+                let refused: Vec<String> = refused.into_iter().chain(tls_problems).collect();
                 (!refused.is_empty()).then(|| refused.join("; "))
             }
         };
@@ -547,6 +551,27 @@ impl Registry {
         Ok(self.apply(configs, Apply::File))
     }
 
+    /// Reads every pool's TLS files again (`only_changed`: the pools whose
+    /// files changed since they were loaded); a pool whose new files cannot
+    /// be used keeps its old certificate. Returns what was refused.
+    fn reload_tls(&self, only_changed: bool) -> Vec<String> {
+        let mut problems = Vec::new();
+        for pool in self.pools() {
+            let tls = pool.tls();
+            if !tls.in_use() || (only_changed && !tls.changed()) {
+                continue;
+            }
+            match tls.reload() {
+                Ok(()) => tracing::info!(pool = %pool.name(), "TLS certificates and CAs (re)loaded"),
+                Err(e) => {
+                    tracing::error!(pool = %pool.name(), "TLS files refused, the old ones stay: {e}");
+                    problems.push(format!("pool {:?}: {e} (the old TLS files stay)", pool.name()));
+                }
+            }
+        }
+        problems
+    }
+
     /// Reloads when the config file's content differs from what the proxy
     /// last read or wrote, once it has stayed the same for one more check
     /// (a writer may still be at it).
@@ -555,6 +580,8 @@ impl Registry {
         let hash = content_hash(&text);
         if hash == self.file.known.load(Relaxed) {
             *pending = None;
+            // The config is as it was; its TLS files may not be.
+            let _ = self.reload_tls(true);
             return;
         }
         if *pending != Some(hash) {

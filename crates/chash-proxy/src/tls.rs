@@ -226,3 +226,92 @@ impl ServerCertVerifier for NoVerification {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+/// A pool's TLS as it runs: the acceptor its clients' handshakes use and
+/// the connector of its server connections, rebuilt from the same files
+/// without a restart ([`LiveTls::reload`]): new handshakes use the new
+/// certificate and CA, established connections go on, and a new file that
+/// cannot be used is refused with the old one kept.
+pub(crate) struct LiveTls {
+    settings: PoolTls,
+    acceptor: arc_swap::ArcSwapOption<tokio_rustls::TlsAcceptor>,
+    connector: arc_swap::ArcSwapOption<Connector>,
+    /// The files' content when last loaded (the watcher reloads on a change).
+    loaded: std::sync::atomic::AtomicU64,
+}
+
+impl fmt::Debug for LiveTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LiveTls").field("settings", &self.settings).finish()
+    }
+}
+
+impl LiveTls {
+    /// Loads a pool's TLS files.
+    ///
+    /// # Errors
+    /// As [`check`].
+    pub(crate) fn new(settings: &PoolTls) -> Result<Arc<LiveTls>, TlsError> {
+        let live = LiveTls {
+            settings: settings.clone(),
+            acceptor: arc_swap::ArcSwapOption::empty(),
+            connector: arc_swap::ArcSwapOption::empty(),
+            loaded: std::sync::atomic::AtomicU64::new(0),
+        };
+        live.reload()?;
+        Ok(Arc::new(live))
+    }
+
+    /// What clients' handshakes use now (`None`: the pool serves no TLS).
+    pub(crate) fn acceptor(&self) -> Option<Arc<tokio_rustls::TlsAcceptor>> {
+        self.acceptor.load_full()
+    }
+
+    /// What server connections use now (`None`: plaintext servers).
+    pub(crate) fn connector(&self) -> Option<Arc<Connector>> {
+        self.connector.load_full()
+    }
+
+    /// Whether the pool speaks TLS on either side.
+    pub(crate) fn in_use(&self) -> bool {
+        self.settings.serves_tls() || self.settings.server
+    }
+
+    /// Reads the files again and swaps the new acceptor and connector in;
+    /// on an error the old ones stay.
+    ///
+    /// # Errors
+    /// As [`check`].
+    pub(crate) fn reload(&self) -> Result<(), TlsError> {
+        let hash = self.files_hash();
+        // A refused set is not tried again until a file changes (or a
+        // reload asks): the watcher would only repeat the error.
+        let loaded = |h| self.loaded.store(h, std::sync::atomic::Ordering::Relaxed);
+        let (acceptor, connector) = match (acceptor(&self.settings), connector(&self.settings)) {
+            (Ok(a), Ok(c)) => (a, c),
+            (Err(e), _) | (_, Err(e)) => {
+                loaded(hash);
+                return Err(e);
+            }
+        };
+        self.acceptor.store(acceptor.map(Arc::new));
+        self.connector.store(connector);
+        self.loaded.store(hash, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether a file changed since it was last loaded.
+    pub(crate) fn changed(&self) -> bool {
+        self.in_use() && self.files_hash() != self.loaded.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// A hash of every file's content (0 for a file that cannot be read).
+    fn files_hash(&self) -> u64 {
+        let s = &self.settings;
+        let files = [&s.cert, &s.key, &s.client_ca, &s.server_ca, &s.server_cert, &s.server_key];
+        files.iter().flat_map(|f| f.iter()).fold(0xcbf2_9ce4_8422_2325, |h: u64, path| {
+            let text = std::fs::read(path).unwrap_or_default();
+            (h ^ chash::KeyHasher::Xxh3.hash(&text)).wrapping_mul(0x100_0000_01b3)
+        })
+    }
+}

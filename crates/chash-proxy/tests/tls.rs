@@ -454,3 +454,80 @@ fn client_libraries_over_tls_on_both_sides() {
     let (cert, key) = (pki.path("client.pem"), pki.path("client.key"));
     run_script("tls_clients.py", &["redis", &tls_at, &plain_at, &pki.path("ca.pem"), &cert, &key]);
 }
+
+/// Replaces `to` with a copy of `from`, atomically (a rename).
+fn replace(from: &str, to: &str) {
+    let tmp = format!("{to}.new");
+    std::fs::copy(from, &tmp).unwrap();
+    std::fs::rename(&tmp, to).unwrap();
+}
+
+/// Certificates and CAs reload without a restart (`POST /reload`, as
+/// SIGHUP does): a server CA fixed in its file makes the server usable;
+/// the proxy's certificate replaced while 20 clients keep TLS connections
+/// busy costs no request, and new connections see the new certificate.
+#[test]
+fn certificates_reload_without_a_restart() {
+    let pki = Pki::new();
+    let server = TlsRedis::start(&pki, "server", false);
+    let (live_ca, live_cert, live_key) = (pki.path("live-ca.pem"), pki.path("live.pem"), pki.path("live.key"));
+    replace(&pki.path("other-ca.pem"), &live_ca);
+    replace(&pki.path("server.pem"), &live_cert);
+    replace(&pki.path("server.key"), &live_key);
+    let yml = pool(
+        &format!(
+            "  tls_cert: {live_cert}\n  tls_key: {live_key}\n  tls_listen: 127.0.0.1:0\n  server_tls: true\n  \
+             server_tls_ca: {live_ca}\n"
+        ),
+        &[&server],
+    );
+    let path = pki.dir.join("proxy.yml");
+    std::fs::write(&path, &yml).unwrap();
+    let proxy = Proxy::start_with(&yml, chash_proxy::ProxyOptions::default(), Some(path));
+    let reply = cmd(proxy.addr, &["SET", "k", "v"]);
+    assert!(reply.contains("UnknownIssuer"), "the server's CA is not the one in the file yet: {reply}");
+    replace(&pki.path("ca.pem"), &live_ca);
+    assert_eq!(proxy.admin("POST", "/reload", "").0, 200);
+    assert_eq!(cmd(proxy.addr, &["SET", "k", "v"]), "+OK", "the fixed CA, without a restart");
+
+    // The proxy's own certificate, replaced under load.
+    let bundle = pki.path("bundle.pem");
+    let both = std::fs::read_to_string(pki.path("ca.pem")).unwrap()
+        + &std::fs::read_to_string(pki.path("other-ca.pem")).unwrap();
+    std::fs::write(&bundle, both).unwrap();
+    let at = proxy.tls.unwrap();
+    let python = require("python3", "python3");
+    let script = format!("{}/tests/clients/tls_rotation.py", env!("CARGO_MANIFEST_DIR"));
+    let mut load = Command::new(python)
+        .args([&script, &at.to_string(), &bundle, "4"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(load.stdout.take().unwrap());
+    let mut ready = String::new();
+    out.read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim(), "ready");
+    std::thread::sleep(Duration::from_millis(500));
+    replace(&pki.path("stranger.pem"), &live_cert);
+    replace(&pki.path("stranger.key"), &live_key);
+    assert_eq!(proxy.admin("POST", "/reload", "").0, 200);
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(load.wait().unwrap().success(), "{rest}");
+    let last = rest.lines().last().unwrap_or_default().to_owned();
+    assert!(last.starts_with("requests ") && last.ends_with(" failed 0"), "{rest}");
+    let made: u64 = last.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(made > 100, "{last}");
+    // New connections get the new certificate (signed by the other CA).
+    let with_ca = |ca: &str| {
+        let cli = require("redis-cli", "redis-tools");
+        let out = Command::new(cli)
+            .args(["--tls", "--cacert", &pki.path(ca), "-h", "127.0.0.1", "-p", &at.port().to_string(), "PING"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim() == "PONG"
+    };
+    assert!(with_ca("other-ca.pem"), "the new certificate");
+    assert!(!with_ca("ca.pem"), "not the old one");
+}

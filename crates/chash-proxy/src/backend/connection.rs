@@ -170,7 +170,9 @@ async fn open_while_waiting(
     rx: &mut mpsc::Receiver<Job>,
     waiting: &mut VecDeque<Job>,
 ) -> Option<Result<(BoxRead, BoxWrite), String>> {
-    let opening = open(&slot.address, slot.settings.timeout, slot.setup.as_ref(), slot.settings.tls.as_deref());
+    // The connector as it is now (certificates reload without a restart).
+    let tls = slot.settings.tls.as_ref().and_then(|t| t.connector());
+    let opening = open(&slot.address, slot.settings.timeout, slot.setup.as_ref(), tls.as_deref());
     tokio::pin!(opening);
     loop {
         let front = waiting.front().and_then(|j| j.deadline);

@@ -102,7 +102,7 @@ pub struct BackendSettings {
     /// names its dialect ([`Requester::dialect`]). At least one.
     pub dialects: Vec<Option<Setup>>,
     /// TLS to the servers (`server_tls`), over TCP.
-    pub(crate) tls: Option<Arc<crate::tls::Connector>>,
+    pub(crate) tls: Option<Arc<crate::tls::LiveTls>>,
 }
 
 /// A client connection's account of reply bytes that have arrived from

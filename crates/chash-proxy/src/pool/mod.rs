@@ -76,6 +76,8 @@ pub struct Pool {
     warming: std::sync::atomic::AtomicBool,
     /// Counters of events that are not per request.
     events: PoolEvents,
+    /// TLS to clients and servers, reloadable.
+    tls: Arc<crate::tls::LiveTls>,
 }
 
 impl fmt::Debug for Pool {
@@ -104,9 +106,11 @@ impl Pool {
             preconnect: config.preconnect,
             failure_limit: config.server_failure_limit,
             dialects: if speech.dialects.is_empty() { vec![None] } else { speech.dialects },
-            tls: crate::tls::connector(&config.tls)
-                .map_err(|source| PoolError::Tls { pool: config.name.clone(), source })?,
+            tls: None,
         };
+        let tls = crate::tls::LiveTls::new(&config.tls)
+            .map_err(|source| PoolError::Tls { pool: config.name.clone(), source })?;
+        let backend = BackendSettings { tls: config.tls.server.then(|| tls.clone()), ..backend };
         if config.tls.server && !config.tls.server_verify {
             tracing::warn!(
                 pool = %config.name,
@@ -152,6 +156,7 @@ impl Pool {
             on_failure,
             counters: Arc::new(PerWorker::new(workers.count())),
             writes: KeyWrites::default(),
+            tls,
             protocol: speech.protocol,
             probe: speech.probe,
             before_return: speech.before_return,
@@ -333,6 +338,11 @@ impl Pool {
         let state = self.state.load();
         let all = state.members.len();
         state.candidates(key, all).into_iter().find(|s| !tried.iter().any(|t| Arc::ptr_eq(s, t)))
+    }
+
+    /// Its TLS (reloadable without a restart).
+    pub(crate) fn tls(&self) -> &Arc<crate::tls::LiveTls> {
+        &self.tls
     }
 
     /// The protocol its servers speak (`memcached`, `redis`).
