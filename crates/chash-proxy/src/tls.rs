@@ -238,6 +238,9 @@ pub(crate) struct LiveTls {
     connector: arc_swap::ArcSwapOption<Connector>,
     /// The files' content when last loaded (the watcher reloads on a change).
     loaded: std::sync::atomic::AtomicU64,
+    /// `notAfter` of the served and the client certificate, Unix seconds
+    /// (`i64::MIN`: none).
+    expires: (std::sync::atomic::AtomicI64, std::sync::atomic::AtomicI64),
 }
 
 impl fmt::Debug for LiveTls {
@@ -257,6 +260,7 @@ impl LiveTls {
             acceptor: arc_swap::ArcSwapOption::empty(),
             connector: arc_swap::ArcSwapOption::empty(),
             loaded: std::sync::atomic::AtomicU64::new(0),
+            expires: (std::sync::atomic::AtomicI64::new(i64::MIN), std::sync::atomic::AtomicI64::new(i64::MIN)),
         };
         live.reload()?;
         Ok(Arc::new(live))
@@ -296,7 +300,8 @@ impl LiveTls {
         };
         self.acceptor.store(acceptor.map(Arc::new));
         self.connector.store(connector);
-        self.loaded.store(hash, std::sync::atomic::Ordering::Relaxed);
+        loaded(hash);
+        self.note_expiry();
         Ok(())
     }
 
@@ -313,5 +318,125 @@ impl LiveTls {
             let text = std::fs::read(path).unwrap_or_default();
             (h ^ chash::KeyHasher::Xxh3.hash(&text)).wrapping_mul(0x100_0000_01b3)
         })
+    }
+}
+
+/// When a DER certificate stops being valid (its `notAfter`), in Unix
+/// seconds; `None` when the bytes are not a certificate this reads.
+fn not_after(der: &[u8]) -> Option<i64> {
+    /// One DER element at the front of `b`: (tag, contents, the rest).
+    fn element(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, rest) = b.split_first()?;
+        let (&first, rest) = rest.split_first()?;
+        let (len, rest) = if first < 0x80 {
+            (first as usize, rest)
+        } else {
+            let n = (first & 0x7f) as usize;
+            if n == 0 || n > 4 || rest.len() < n {
+                return None;
+            }
+            (rest[..n].iter().fold(0usize, |l, &b| (l << 8) | b as usize), &rest[n..])
+        };
+        (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+    }
+    let (_, cert, _) = element(der)?; // Certificate
+    let (_, tbs, _) = element(cert)?; // TBSCertificate
+    let mut rest = tbs;
+    let (tag, _, after) = element(rest)?;
+    if tag == 0xa0 {
+        rest = after; // [0] version
+    }
+    for _ in 0..3 {
+        rest = element(rest)?.2; // serialNumber, signature, issuer
+    }
+    let (_, validity, _) = element(rest)?;
+    let (_, _, after_before) = element(validity)?; // notBefore
+    let (tag, time, _) = element(after_before)?; // notAfter
+    let text = std::str::from_utf8(time).ok()?;
+    let digits = |s: &str| s.parse::<i64>().ok();
+    let (year, rest) = match tag {
+        0x17 => {
+            let yy = digits(text.get(0..2)?)?;
+            (if yy < 50 { 2000 + yy } else { 1900 + yy }, text.get(2..)?)
+        }
+        0x18 => (digits(text.get(0..4)?)?, text.get(4..)?),
+        _ => return None,
+    };
+    let field = |i: usize| digits(rest.get(i..i + 2)?);
+    let (month, day, hour, minute, second) = (field(0)?, field(2)?, field(4)?, field(6)?, field(8)?);
+    // Days from the civil date (proleptic Gregorian), Howard Hinnant's method.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hour * 3600 + minute * 60 + second)
+}
+
+/// A certificate file's first (leaf) certificate's `notAfter`.
+fn file_not_after(path: &str) -> Option<i64> {
+    let first = CertificateDer::pem_file_iter(path).ok()?.next()?.ok()?;
+    not_after(first.as_ref())
+}
+
+/// Certificates with less than this left are warned about when loaded.
+const EXPIRY_WARNING: i64 = 14 * 86_400;
+
+impl LiveTls {
+    /// Seconds left on the certificate served to clients (`tls_cert`) and
+    /// on the one presented to servers (`server_tls_cert`), as loaded
+    /// (negative once expired).
+    pub(crate) fn expiry(&self) -> (Option<i64>, Option<i64>) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        let left = |at: &std::sync::atomic::AtomicI64| {
+            let t = at.load(std::sync::atomic::Ordering::Relaxed);
+            (t != i64::MIN).then(|| t - now)
+        };
+        (left(&self.expires.0), left(&self.expires.1))
+    }
+
+    /// Records the certificates' `notAfter`, warning about one that ends
+    /// soon.
+    fn note_expiry(&self) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64);
+        for (setting, path, slot) in [
+            ("tls_cert", &self.settings.cert, &self.expires.0),
+            ("server_tls_cert", &self.settings.server_cert, &self.expires.1),
+        ] {
+            let at = path.as_deref().and_then(file_not_after);
+            slot.store(at.unwrap_or(i64::MIN), std::sync::atomic::Ordering::Relaxed);
+            if let (Some(at), Some(path)) = (at, path) {
+                if at - now < EXPIRY_WARNING {
+                    tracing::warn!(
+                        "{setting} {path}: the certificate expires in {} days ({} s): replace it (a reload takes the new one)",
+                        (at - now) / 86_400,
+                        at - now
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::not_after;
+
+    /// `notAfter` of a certificate as `openssl x509 -enddate` gives it.
+    #[test]
+    fn not_after_is_read_from_the_certificate() {
+        // A minimal DER: SEQUENCE { SEQUENCE { [0] { INTEGER 2 }, INTEGER 1,
+        // SEQUENCE {}, SEQUENCE {}, SEQUENCE { UTCTime, UTCTime } } }.
+        let utc = |s: &str| [&[0x17, s.len() as u8][..], s.as_bytes()].concat();
+        let validity = [utc("250101000000Z"), utc("270315123456Z")].concat();
+        let validity = [&[0x30, validity.len() as u8][..], &validity].concat();
+        let tbs = [&[0xa0, 3, 2, 1, 2, 2, 1, 1, 0x30, 0, 0x30, 0][..], &validity].concat();
+        let tbs = [&[0x30, tbs.len() as u8][..], &tbs].concat();
+        let cert = [&[0x30, tbs.len() as u8][..], &tbs].concat();
+        // 2027-03-15 12:34:56 UTC.
+        assert_eq!(not_after(&cert), Some(1_805_114_096));
+        assert_eq!(not_after(&cert[..10]), None);
+        assert_eq!(not_after(b""), None);
     }
 }

@@ -289,6 +289,12 @@ fn clients_speak_tls_to_the_proxy() {
     assert!(ok && out == "tls", "{out}");
     let stats = &proxy.handle.stats()[0];
     assert_eq!(stats.get("tls_handshake_errors"), 2, "the two refused clients are counted");
+    // The test's certificates are made for 30 days.
+    let left = stats.get("tls_cert_expiry_seconds");
+    assert!((29 * 86_400..=30 * 86_400).contains(&left), "{left} s left");
+    let metrics = proxy.admin("GET", "/metrics", "").1;
+    assert!(metrics.contains("tls_cert_expiry_seconds{pool=\"alpha\"}"), "{metrics}");
+    assert!(metrics.contains("tls_handshake_errors_total{pool=\"alpha\"} 2"), "{metrics}");
     assert_eq!(stats.get("tls_handshakes"), 1);
 }
 

@@ -264,8 +264,25 @@ impl Pool {
     pub fn stats(&self) -> PoolSnapshot {
         let state = self.state();
         let per_worker = crate::stats::sum(self.counters.all().map(PoolCounters::values));
-        let counters =
-            described(PoolCounters::DESCS, per_worker).chain(described(PoolEvents::DESCS, self.events.values()));
+        let (served, presented) = self.tls.expiry();
+        let expiry = [
+            (
+                served,
+                "tls_cert_expiry_seconds",
+                "Seconds until the certificate served to clients (tls_cert) expires (0: expired).",
+            ),
+            (
+                presented,
+                "server_tls_cert_expiry_seconds",
+                "Seconds until the client certificate presented to servers (server_tls_cert) expires (0: expired).",
+            ),
+        ];
+        let expiry = expiry.into_iter().filter_map(|(left, name, help)| {
+            left.map(|s| (crate::stats::Desc { name, kind: crate::stats::Kind::Gauge, help }, s.max(0) as u64))
+        });
+        let counters = described(PoolCounters::DESCS, per_worker)
+            .chain(described(PoolEvents::DESCS, self.events.values()))
+            .chain(expiry);
         PoolSnapshot {
             name: self.name.clone(),
             listen: self.spec.listen.clone(),
