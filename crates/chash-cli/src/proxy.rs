@@ -352,8 +352,6 @@ fn load_text(text: &str, origin: &str) -> Result<Vec<PoolConfig>> {
             pool.snapshot().with_context(|| format!("{origin}: pool {name:?}"))?;
         }
         chash_proxy::check_servers(&pool).with_context(|| origin.to_owned())?;
-        // TLS files readable, keys matching their certificates, CAs parsing.
-        chash_proxy::check_tls(&pool.tls).with_context(|| format!("{origin}: pool {name:?}"))?;
         pools.push(pool);
     }
     Ok(pools)
@@ -501,6 +499,11 @@ pub fn run(args: ProxyArgs) -> Result<()> {
     if args.test_conf {
         let path = args.config.as_ref().context("--test-conf needs -c FILE")?;
         let pools = load(path)?;
+        // TLS files readable, keys matching their certificates, CAs parsing
+        // (a start reads them once, when its pools start).
+        for pool in &pools {
+            chash_proxy::check_tls(&pool.tls).with_context(|| format!("{}: pool {:?}", path.display(), pool.name))?;
+        }
         for advice in pools.iter().filter_map(anchor_advice) {
             eprintln!("{}: note: {advice}", program());
         }

@@ -209,6 +209,22 @@ fn test_conf_checks_a_file() {
             "{err}"
         );
     }
+    // TLS files are read: one that does not exist is named, with why.
+    let tls = dir.join("tls.yml");
+    let missing = dir.join("missing.pem");
+    std::fs::write(
+        &tls,
+        format!(
+            "alpha:\n  listen: 127.0.0.1:22121\n  tls_cert: {0}\n  tls_key: {0}\n  servers:\n   - 127.0.0.1:11211:1\n",
+            missing.display()
+        ),
+    )
+    .unwrap();
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_chash")).args(["proxy", "-t", "-c", tls.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tls_cert") && err.contains("missing.pem"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

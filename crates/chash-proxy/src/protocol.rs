@@ -11,7 +11,7 @@ use chash::PoolConfig;
 use tokio::sync::watch;
 
 use crate::backend::{Requester, Speech};
-use crate::conn::{ClientStream, ConnGuard, ConnSettings};
+use crate::conn::{ClientStream, ConnGuard, ConnSettings, Session};
 use crate::options::Shared;
 use crate::pool::Pool;
 
@@ -25,6 +25,17 @@ pub(crate) struct Client {
     pub stop: watch::Receiver<bool>,
     /// Counts the connection while it is served.
     pub guard: ConnGuard,
+}
+
+impl Client {
+    /// Serves the connection with its protocol's `session`.
+    pub(crate) fn serve<S: Session + 'static>(
+        self,
+        stream: ClientStream,
+        session: S,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(crate::conn::serve(stream, session, self.requester, self.settings, self.stop, self.guard))
+    }
 }
 
 /// A protocol the proxy speaks to clients and servers.

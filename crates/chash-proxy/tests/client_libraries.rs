@@ -5,16 +5,7 @@ mod support;
 
 use std::process::Command;
 
-use support::{memcacheds, require, Memcached, Proxy};
-
-/// Runs a script of `tests/clients/` with `args`; its output on failure.
-fn run_script(script: &str, args: &[&str]) {
-    let python = require("python3", "python3");
-    let path = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(python).arg(&path).args(args).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{script} failed:\n{text}");
-}
+use support::{memcacheds, require, run_script, Memcached, Proxy};
 
 /// A get_many of 1,000 keys of 250 bytes (a get line of 250 KB): before,
 /// pymemcache raised "line too long" and pylibmc and python-memcached

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{require, spawn_server, Proxy};
+use support::{require, run_script, spawn_server, Proxy};
 
 /// Certificates in a directory of their own, removed when dropped.
 struct Pki {
@@ -180,6 +180,17 @@ fn redis_cli_tls(addr: SocketAddr, pki: &Pki, extra: &[String], args: &[&str]) -
     (out.status.success() && !text.contains("Could not") && !text.contains("rror"), text.trim().to_owned())
 }
 
+/// Pool keys for TLS on both sides: the server certificate served on
+/// `tls_listen` (`listen` stays plaintext), servers verified with the CA.
+fn both_sides(pki: &Pki) -> String {
+    format!(
+        "  tls_cert: {}\n  tls_key: {}\n  tls_listen: 127.0.0.1:0\n  server_tls: true\n  server_tls_ca: {}\n",
+        pki.path("server.pem"),
+        pki.path("server.key"),
+        pki.path("ca.pem")
+    )
+}
+
 /// A Redis pool (ketama, md5) of `servers` named `s1`, `s2`, ...: ketama
 /// places by name, so where keys go does not depend on the ports drawn.
 fn pool(extra: &str, servers: &[&TlsRedis]) -> String {
@@ -256,12 +267,7 @@ fn servers_are_verified() {
 fn clients_speak_tls_to_the_proxy() {
     let pki = Pki::new();
     let server = TlsRedis::start(&pki, "server", false);
-    let tls = format!(
-        "  tls_cert: {}\n  tls_key: {}\n  tls_listen: 127.0.0.1:0\n  server_tls: true\n  server_tls_ca: {}\n",
-        pki.path("server.pem"),
-        pki.path("server.key"),
-        pki.path("ca.pem")
-    );
+    let tls = both_sides(&pki);
     let proxy = Proxy::start(&pool(&tls, &[&server]));
     let at = proxy.tls.expect("a TLS listener");
     let (ok, out) = redis_cli_tls(at, &pki, &[], &["SET", "over", "tls"]);
@@ -340,12 +346,7 @@ fn fd_limit() -> usize {
 fn stuck_handshakes_are_bounded() {
     let pki = Pki::new();
     let server = TlsRedis::start(&pki, "server", false);
-    let tls = format!(
-        "  tls_cert: {}\n  tls_key: {}\n  tls_listen: 127.0.0.1:0\n  server_tls: true\n  server_tls_ca: {}\n",
-        pki.path("server.pem"),
-        pki.path("server.key"),
-        pki.path("ca.pem")
-    );
+    let tls = both_sides(&pki);
     let mut options = chash_proxy::ProxyOptions::default();
     options.tls_handshake_timeout = Duration::from_secs(3);
     let proxy = Proxy::start_with(&pool(&tls, &[&server]), options, None);
@@ -416,14 +417,6 @@ impl Drop for TlsMemcached {
     }
 }
 
-fn run_script(script: &str, args: &[&str]) {
-    let python = require("python3", "python3");
-    let path = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(python).arg(&path).args(args).output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{script} failed:\n{text}");
-}
-
 /// TLS on both sides, with the client libraries applications use:
 /// pymemcache (an ssl context) through a memcached pool over `memcached
 /// -Z` servers, and redis-py (`ssl=True`, with a client certificate)
@@ -432,12 +425,7 @@ fn run_script(script: &str, args: &[&str]) {
 #[test]
 fn client_libraries_over_tls_on_both_sides() {
     let pki = Pki::new();
-    let client_tls = format!(
-        "  tls_cert: {}\n  tls_key: {}\n  tls_listen: 127.0.0.1:0\n  server_tls: true\n  server_tls_ca: {}\n",
-        pki.path("server.pem"),
-        pki.path("server.key"),
-        pki.path("ca.pem")
-    );
+    let client_tls = both_sides(&pki);
     let mcs = [TlsMemcached::start(&pki), TlsMemcached::start(&pki)];
     let mut yml = format!("alpha:\n  listen: 127.0.0.1:0\n  hash: md5\n  timeout: 2000\n{client_tls}  servers:\n");
     for (i, m) in mcs.iter().enumerate() {

@@ -53,7 +53,7 @@ impl Protocol for Memcached {
     }
 
     fn serve(&self, stream: crate::conn::ClientStream, c: Client) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let session = MemcacheSession::new(c.pool, c.shared, c.requester.clone());
-        Box::pin(crate::conn::serve(stream, session, c.requester, c.settings, c.stop, c.guard))
+        let session = MemcacheSession::new(c.pool.clone(), c.shared.clone(), c.requester.clone());
+        c.serve(stream, session)
     }
 }

@@ -44,7 +44,7 @@ impl Protocol for Redis {
     }
 
     fn serve(&self, stream: crate::conn::ClientStream, c: Client) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        let session = RedisSession::new(c.pool, c.shared, c.requester.clone());
-        Box::pin(crate::conn::serve(stream, session, c.requester, c.settings, c.stop, c.guard))
+        let session = RedisSession::new(c.pool.clone(), c.shared.clone(), c.requester.clone());
+        c.serve(stream, session)
     }
 }

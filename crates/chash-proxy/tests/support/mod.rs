@@ -527,3 +527,13 @@ impl Client {
         self.read_get_reply().pop().map(|v| v.2)
     }
 }
+
+/// Runs a Python client script of `tests/clients/` with `args`; fails the
+/// test with what it printed unless it exits 0.
+pub fn run_script(script: &str, args: &[&str]) {
+    let python = require("python3", "python3");
+    let path = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new(python).arg(&path).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed:\n{text}");
+}
