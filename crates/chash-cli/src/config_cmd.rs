@@ -9,6 +9,7 @@ use chash::config_edit::{edit_text, write_atomically};
 use chash::{Edit, ServerLine};
 use clap::{Args, Subcommand};
 
+use crate::etcd_tls::EtcdTlsArgs;
 use crate::plan::{report, PlanArgs};
 
 #[derive(Args, Debug)]
@@ -125,6 +126,8 @@ enum ConfigCommand {
         /// Where the config is stored: etcd://HOST:PORT[,HOST:PORT...]/PREFIX.
         #[arg(long, value_name = "URL/PREFIX")]
         etcd: String,
+        #[command(flatten)]
+        tls: EtcdTlsArgs,
     },
 }
 
@@ -133,6 +136,9 @@ struct StoreArgs {
     /// Where the config is stored: etcd://HOST:PORT[,HOST:PORT...]/PREFIX.
     #[arg(long, value_name = "URL/PREFIX")]
     etcd: String,
+
+    #[command(flatten)]
+    tls: EtcdTlsArgs,
 
     /// When another writer changed the stored config since it was read,
     /// read it again and re-apply, up to N times.
@@ -156,6 +162,9 @@ struct FileArgs {
     /// written with a compare-and-swap on its revision.
     #[arg(long, value_name = "URL/PREFIX", conflicts_with_all = ["config", "output", "in_place"])]
     etcd: Option<String>,
+
+    #[command(flatten)]
+    tls: EtcdTlsArgs,
 
     /// With --etcd: when another writer changed the stored config since it
     /// was read, read it again and re-apply the change, up to N times.
@@ -200,7 +209,7 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
         ConfigCommand::Eject { file, id } => (file, Edit::Eject(id)),
         ConfigCommand::Restore { file, id } => (file, Edit::Restore(id)),
         ConfigCommand::Put { store, file, force } => return put(&store, &file, force),
-        ConfigCommand::Get { etcd } => return get(&etcd).map(|()| true),
+        ConfigCommand::Get { etcd, tls } => return get(&etcd, &tls).map(|()| true),
     };
     let change = |text: &str| -> Result<chash::config_edit::Edited> {
         let mut edited = edit_text(text, file.pool.as_deref(), &edit)?;
@@ -258,9 +267,10 @@ fn edit_stored(
     change: impl Fn(&str) -> Result<chash::config_edit::Edited>,
     edit: &Edit,
 ) -> Result<bool> {
-    let (written, ok) = crate::etcd::edit(url, file.retry, file.wait, change, &edit.to_string())?;
+    let target = file.tls.target(url)?;
+    let (written, ok) = crate::etcd::edit(&target, file.retry, file.wait, change, &edit.to_string())?;
     if file.plan {
-        let key = url.parse::<chash_proxy::etcd::EtcdTarget>()?.config_key();
+        let key = target.config_key();
         let plan = PlanArgs::labelled(
             PathBuf::from(format!("{key}@{}", written.read)),
             PathBuf::from(format!("{key}@{}", written.revision)),
@@ -272,12 +282,12 @@ fn edit_stored(
 
 #[cfg(feature = "etcd")]
 fn put(store: &StoreArgs, file: &std::path::Path, force: bool) -> Result<bool> {
-    crate::etcd::put(&store.etcd, file, force, store.retry, store.wait)
+    crate::etcd::put(&store.tls.target(&store.etcd)?, file, force, store.retry, store.wait)
 }
 
 #[cfg(feature = "etcd")]
-fn get(url: &str) -> Result<()> {
-    crate::etcd::get(url)
+fn get(url: &str, tls: &EtcdTlsArgs) -> Result<()> {
+    crate::etcd::get(&tls.target(url)?)
 }
 
 #[cfg(not(feature = "etcd"))]
@@ -301,6 +311,6 @@ fn put(_store: &StoreArgs, _file: &std::path::Path, _force: bool) -> Result<bool
 }
 
 #[cfg(not(feature = "etcd"))]
-fn get(_url: &str) -> Result<()> {
+fn get(_url: &str, _tls: &EtcdTlsArgs) -> Result<()> {
     Err(no_etcd())
 }

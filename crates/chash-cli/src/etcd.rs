@@ -22,10 +22,6 @@ fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     runtime.block_on(f)
 }
 
-fn parse(url: &str) -> Result<EtcdTarget> {
-    Ok(url.parse::<EtcdTarget>()?)
-}
-
 /// Every pool of `text` checked as a proxy starts it: `origin` names it.
 pub fn validate(text: &str, origin: &str) -> Result<Config> {
     let config = Config::from_yaml(text).with_context(|| origin.to_owned())?;
@@ -54,22 +50,21 @@ pub struct Written {
 /// reads again and re-applies up to `retry` times. Says what it wrote on
 /// standard output.
 pub fn edit(
-    url: &str,
+    target: &EtcdTarget,
     retry: u32,
     wait: Option<f64>,
     change: impl Fn(&str) -> Result<Edited>,
     what: &str,
 ) -> Result<(Written, bool)> {
-    let target = parse(url)?;
     block_on(async {
-        let mut client = etcd::connect(&target).await?;
+        let mut client = etcd::connect(target).await?;
         let key = target.config_key();
         let mut attempt = 0;
         let written = loop {
-            let stored = etcd::read_config(&mut client, &target).await?;
+            let stored = etcd::read_config(&mut client, target).await?;
             let edited = change(&stored.text).with_context(|| format!("{key} (revision {})", stored.revision))?;
             test_barrier(attempt).await;
-            match etcd::store::write_config(&mut client, &target, &edited.text, Some(stored.revision)).await {
+            match etcd::store::write_config(&mut client, target, &edited.text, Some(stored.revision)).await {
                 Ok(revision) => break Written { edited, read: stored.revision, revision },
                 Err(e @ EtcdError::Conflict { .. }) if attempt < retry => {
                     attempt += 1;
@@ -83,7 +78,7 @@ pub fn edit(
             written.edited.after.name, written.read, written.revision
         );
         let ok = match wait {
-            Some(secs) => wait_for(&mut client, &target, written.revision, secs).await?,
+            Some(secs) => wait_for(&mut client, target, written.revision, secs).await?,
             None => true,
         };
         Ok((written, ok))
@@ -107,16 +102,15 @@ async fn test_barrier(attempt: u32) {
 /// `chash config put --etcd URL/PREFIX FILE`: validated, then written with
 /// compare-and-swap against what is stored (renumbering an anchor or jump
 /// pool refused unless `force`).
-pub fn put(url: &str, file: &std::path::Path, force: bool, retry: u32, wait: Option<f64>) -> Result<bool> {
-    let target = parse(url)?;
+pub fn put(target: &EtcdTarget, file: &std::path::Path, force: bool, retry: u32, wait: Option<f64>) -> Result<bool> {
     let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let new = validate(&text, &file.display().to_string())?;
     block_on(async {
-        let mut client = etcd::connect(&target).await?;
+        let mut client = etcd::connect(target).await?;
         let key = target.config_key();
         let mut attempt = 0;
         let (read, revision) = loop {
-            let read = match etcd::read_config(&mut client, &target).await {
+            let read = match etcd::read_config(&mut client, target).await {
                 Ok(stored) => Some(stored),
                 Err(EtcdError::NoConfig { .. }) => None,
                 Err(e) => return Err(e.into()),
@@ -126,7 +120,7 @@ pub fn put(url: &str, file: &std::path::Path, force: bool, retry: u32, wait: Opt
             }
             let expected = read.as_ref().map(|s| s.revision);
             test_barrier(attempt).await;
-            match etcd::store::write_config(&mut client, &target, &text, expected).await {
+            match etcd::store::write_config(&mut client, target, &text, expected).await {
                 Ok(revision) => break (expected, revision),
                 Err(e @ EtcdError::Conflict { .. }) if attempt < retry => {
                     attempt += 1;
@@ -141,7 +135,7 @@ pub fn put(url: &str, file: &std::path::Path, force: bool, retry: u32, wait: Opt
             None => println!("{key}: {} ({}): created at revision {revision}", file.display(), pools.join(", ")),
         }
         match wait {
-            Some(secs) => wait_for(&mut client, &target, revision, secs).await,
+            Some(secs) => wait_for(&mut client, target, revision, secs).await,
             None => Ok(true),
         }
     })
@@ -162,11 +156,10 @@ fn check_renumbering(stored: &Stored, new: &Config, key: &str) -> Result<()> {
 
 /// `chash config get --etcd URL/PREFIX`: the stored config on standard
 /// output, its revision on standard error.
-pub fn get(url: &str) -> Result<()> {
-    let target = parse(url)?;
+pub fn get(target: &EtcdTarget) -> Result<()> {
     let stored = block_on(async {
-        let mut client = etcd::connect(&target).await?;
-        Ok(etcd::read_config(&mut client, &target).await?)
+        let mut client = etcd::connect(target).await?;
+        Ok(etcd::read_config(&mut client, target).await?)
     })?;
     eprintln!(
         "# {} revision {} (config hash {})",
@@ -250,15 +243,14 @@ fn pool_reports(config: &Config) -> BTreeMap<String, PoolReport> {
 /// `chash fleet status --etcd URL/PREFIX`: every registered proxy against
 /// the stored config; `true` when all run it (waiting up to `max_lag` for
 /// those behind).
-pub fn status(url: &str, max_lag: f64) -> Result<bool> {
-    let target = parse(url)?;
+pub fn status(target: &EtcdTarget, max_lag: f64) -> Result<bool> {
     block_on(async {
-        let mut client = etcd::connect(&target).await?;
+        let mut client = etcd::connect(target).await?;
         let started = Instant::now();
         let limit = Duration::from_secs_f64(max_lag.max(0.0));
         let (stored, proxies) = loop {
-            let stored = etcd::read_config(&mut client, &target).await?;
-            let proxies = etcd::store::read_proxies(&mut client, &target).await?;
+            let stored = etcd::read_config(&mut client, target).await?;
+            let proxies = etcd::store::read_proxies(&mut client, target).await?;
             let out_of_time = started.elapsed() >= limit;
             if proxies.iter().any(|p| p.revision > stored.revision) && !out_of_time {
                 // Changed between the two reads: read both again.
@@ -275,7 +267,7 @@ pub fn status(url: &str, max_lag: f64) -> Result<bool> {
             Ok(c) => (pool_reports(&c), None),
             Err(e) => (BTreeMap::new(), Some(format!("{e:#}"))),
         };
-        let ok = print_status(&target, &stored, &expected, &proxies, max_lag)?;
+        let ok = print_status(target, &stored, &expected, &proxies, max_lag)?;
         if let Some(e) = invalid {
             println!("INVALID: {e}: the proxies refuse it and keep their last good config");
             return Ok(false);

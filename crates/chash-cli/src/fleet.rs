@@ -68,6 +68,8 @@ Example:
         /// Where the config is stored: etcd://HOST:PORT[,HOST:PORT...]/PREFIX.
         #[arg(long, value_name = "URL/PREFIX")]
         etcd: String,
+        #[command(flatten)]
+        tls: crate::etcd_tls::EtcdTlsArgs,
         /// Seconds a proxy may stay behind the stored revision before it
         /// counts as lagging.
         #[arg(long, value_name = "SECS", default_value_t = 5.0)]
@@ -87,17 +89,17 @@ struct Row {
 pub fn run(args: FleetArgs) -> Result<bool> {
     match args.command {
         FleetCommand::Check { urls, config } => check(urls, config),
-        FleetCommand::Status { etcd, max_lag } => status(&etcd, max_lag),
+        FleetCommand::Status { etcd, tls, max_lag } => status(&etcd, &tls, max_lag),
     }
 }
 
 #[cfg(feature = "etcd")]
-fn status(url: &str, max_lag: f64) -> Result<bool> {
-    crate::etcd::status(url, max_lag)
+fn status(url: &str, tls: &crate::etcd_tls::EtcdTlsArgs, max_lag: f64) -> Result<bool> {
+    crate::etcd::status(&tls.target(url)?, max_lag)
 }
 
 #[cfg(not(feature = "etcd"))]
-fn status(_url: &str, _max_lag: f64) -> Result<bool> {
+fn status(_url: &str, _tls: &crate::etcd_tls::EtcdTlsArgs, _max_lag: f64) -> Result<bool> {
     bail!("--etcd needs etcd support, which this chash was built without (cargo feature `etcd`)")
 }
 

@@ -12,6 +12,7 @@ mod config_cmd;
 mod demo;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod etcd_tls;
 mod fleet;
 mod hash;
 mod keys;

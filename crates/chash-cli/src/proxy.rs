@@ -113,6 +113,22 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "FILE")]
     admin_token_file: Option<PathBuf>,
 
+    /// Serve the admin endpoint over HTTPS with this certificate chain
+    /// (PEM; with --admin-tls-key). Reloaded, as the pools' TLS files, on
+    /// SIGHUP and when the config file reloads. Off loopback, the token
+    /// otherwise crosses the network in clear.
+    #[arg(long, value_name = "FILE", requires = "admin_tls_key")]
+    admin_tls_cert: Option<PathBuf>,
+
+    /// The private key (PEM) of --admin-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "admin_tls_cert")]
+    admin_tls_key: Option<PathBuf>,
+
+    /// With --admin-tls-cert: admin clients must present a certificate
+    /// that chains to this CA (mutual TLS).
+    #[arg(long, value_name = "FILE", requires = "admin_tls_cert")]
+    admin_tls_client_ca: Option<PathBuf>,
+
     /// Serve the admin endpoint on a non-loopback address without a token
     /// (anyone who can reach it can re-point traffic).
     #[arg(long)]
@@ -199,6 +215,10 @@ pub struct ProxyArgs {
         conflicts_with_all = ["config", "persist", "test_conf"]
     )]
     membership: Option<String>,
+
+    /// TLS to etcd (--membership https://...).
+    #[command(flatten)]
+    etcd_tls: crate::etcd_tls::EtcdTlsArgs,
 
     /// With --membership: the last good config this proxy applied, written
     /// (atomically) after every applied revision; when etcd is unreachable
@@ -422,10 +442,11 @@ impl Follower {
 #[cfg(feature = "etcd")]
 async fn membership_start(
     url: &str,
+    tls: &crate::etcd_tls::EtcdTlsArgs,
     cache: Option<&Path>,
 ) -> Result<(chash_proxy::etcd::EtcdTarget, chash_proxy::etcd::follow::Start, Vec<PoolConfig>)> {
     use chash_proxy::etcd::{self, follow::Start, EtcdError};
-    let target: etcd::EtcdTarget = url.parse()?;
+    let target = tls.target(url)?;
     let key = target.config_key();
     let read = async {
         let mut client = etcd::connect(&target).await?;
@@ -491,6 +512,20 @@ fn program() -> &'static str {
     }
 }
 
+/// The admin endpoint's TLS settings from the flags.
+fn admin_tls(args: &ProxyArgs) -> Result<Option<chash::PoolTls>> {
+    let (Some(cert), Some(key)) = (&args.admin_tls_cert, &args.admin_tls_key) else { return Ok(None) };
+    if args.no_admin {
+        bail!("--admin-tls-cert serves the admin endpoint over TLS, which --no-admin turns off");
+    }
+    let path = |p: &PathBuf| p.display().to_string();
+    let mut tls = chash::PoolTls::default();
+    tls.cert = Some(path(cert));
+    tls.key = Some(path(key));
+    tls.client_ca = args.admin_tls_client_ca.as_ref().map(path);
+    Ok(Some(tls))
+}
+
 pub fn run(args: ProxyArgs) -> Result<()> {
     if args.describe_stats {
         print!("{}", chash_proxy::describe_stats());
@@ -503,6 +538,9 @@ pub fn run(args: ProxyArgs) -> Result<()> {
         // (a start reads them once, when its pools start).
         for pool in &pools {
             chash_proxy::check_tls(&pool.tls).with_context(|| format!("{}: pool {:?}", path.display(), pool.name))?;
+        }
+        if let Some(tls) = admin_tls(&args)? {
+            chash_proxy::check_tls(&tls).context("the admin endpoint (--admin-tls-cert, --admin-tls-key)")?;
         }
         for advice in pools.iter().filter_map(anchor_advice) {
             eprintln!("{}: note: {advice}", program());
@@ -639,6 +677,7 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
     options.persist = args.persist;
     options.watch_config = !args.no_watch;
     options.admin_insecure = args.admin_insecure;
+    options.admin_tls = admin_tls(&args)?;
     if let Some(path) = &args.admin_token_file {
         let token = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
         let token = token.trim();
@@ -668,7 +707,8 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
         #[cfg(feature = "etcd")]
         None if args.membership.is_some() => {
             let url = args.membership.as_deref().unwrap_or_default();
-            let (target, start, mut pools) = membership_start(url, args.membership_cache.as_deref()).await?;
+            let (target, start, mut pools) =
+                membership_start(url, &args.etcd_tls, args.membership_cache.as_deref()).await?;
             override_listen(&mut pools, &options.listen_overrides)?;
             membership = Some((target, start));
             (pools.into_iter().map(|config| PoolSpec { config, addresses: HashMap::new() }).collect(), None)
@@ -779,10 +819,15 @@ fn announce(running: &Running, embedded: bool, log_file: bool) {
         eprintln!("chash proxy: stats (twemproxy's JSON) on {stats}  (curl --http0.9 -s {ip}:{})", stats.port());
     }
     if let Some(admin) = running.admin() {
+        let (scheme, curl) = match &running.registry().shared().options.admin_tls {
+            Some(tls) if tls.client_ca.is_some() => ("https", "curl --cacert CA --cert CERT --key KEY"),
+            Some(_) => ("https", "curl --cacert CA"),
+            None => ("http", "curl"),
+        };
         if log_file {
-            tracing::info!("admin on http://{admin}");
+            tracing::info!("admin on {scheme}://{admin}");
         }
-        eprintln!("chash proxy: admin on http://{admin}  (curl http://{admin}/stats)");
+        eprintln!("chash proxy: admin on {scheme}://{admin}  ({curl} {scheme}://{admin}/stats)");
     }
     if running.registry().membership().is_some() {
         eprintln!("chash proxy: SIGHUP reopens the log (the config follows etcd), Ctrl-C stops");
@@ -827,10 +872,12 @@ impl Signals {
                     // operator greps for it whatever the level.
                     // Said before the reopen: the line ends the old file.
                     let reload = running.registry().shared().options.config_path.is_some();
-                    let also = if reload { " and reloading the config" } else { " (no config file to reload)" };
+                    let also = if reload { " and reloading the config" } else { " and the TLS files (no config file to reload)" };
                     tracing::warn!("signal 1 (SIGHUP) received: reopening the log file{also}");
                     log.reopen();
                     if !reload {
+                        // The registry logs what it reloaded and refused.
+                        let _ = running.registry().reload_tls_files();
                         continue;
                     }
                     // The registry logs what each pool did, or why not.

@@ -9,6 +9,8 @@
 #![cfg(feature = "etcd")]
 
 mod common;
+#[path = "../../chash-proxy/tests/support/pki.rs"]
+mod pki;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -78,17 +80,60 @@ struct Etcd {
     peer: u16,
     data: PathBuf,
     child: Option<Child>,
+    /// Serving clients TLS only, requiring their certificates: the files
+    /// (CA, server certificate and key, a client certificate and key).
+    tls: Option<EtcdFiles>,
+}
+
+/// The certificates of a TLS etcd and of its clients.
+struct EtcdFiles {
+    ca: String,
+    cert: String,
+    key: String,
+    client_cert: String,
+    client_key: String,
+}
+
+impl EtcdFiles {
+    fn of(pki: &pki::Pki) -> EtcdFiles {
+        EtcdFiles {
+            ca: pki.path("ca.pem"),
+            cert: pki.path("server.pem"),
+            key: pki.path("server.key"),
+            client_cert: pki.path("client.pem"),
+            client_key: pki.path("client.key"),
+        }
+    }
+
+    /// The CLI's flags for them.
+    fn flags(&self) -> Vec<String> {
+        ["--etcd-ca", &self.ca, "--etcd-cert", &self.client_cert, "--etcd-key", &self.client_key]
+            .map(String::from)
+            .to_vec()
+    }
 }
 
 impl Etcd {
     fn start(dir: &TempDir) -> Etcd {
+        Etcd::start_with(dir, None)
+    }
+
+    fn start_with(dir: &TempDir, tls: Option<EtcdFiles>) -> Etcd {
+        let mut tls = tls;
         for _ in 0..3 {
-            let mut etcd = Etcd { client: free_port(), peer: free_port(), data: dir.path("etcd-data"), child: None };
+            let mut etcd = Etcd {
+                client: free_port(),
+                peer: free_port(),
+                data: dir.path("etcd-data"),
+                child: None,
+                tls: tls.take(),
+            };
             if etcd.spawn() {
                 return etcd;
             }
             etcd.stop();
             let _ = std::fs::remove_dir_all(&etcd.data);
+            tls = etcd.tls.take();
         }
         panic!("etcd did not start after 3 tries");
     }
@@ -96,9 +141,15 @@ impl Etcd {
     /// Starts the process on this etcd's ports and data directory; `true`
     /// once it answers.
     fn spawn(&mut self) -> bool {
-        let client = format!("http://127.0.0.1:{}", self.client);
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{}", self.client);
         let peer = format!("http://127.0.0.1:{}", self.peer);
-        let child = Command::new(require("etcd", "etcd-server"))
+        let mut command = Command::new(require("etcd", "etcd-server"));
+        if let Some(tls) = &self.tls {
+            command.args(["--cert-file", &tls.cert, "--key-file", &tls.key, "--trusted-ca-file", &tls.ca]);
+            command.arg("--client-cert-auth");
+        }
+        let child = command
             .args(["--name", "t", "--data-dir"])
             .arg(&self.data)
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
@@ -124,7 +175,8 @@ impl Etcd {
     }
 
     fn url(&self, prefix: &str) -> String {
-        format!("etcd://127.0.0.1:{}/{prefix}", self.client)
+        let scheme = if self.tls.is_some() { "https" } else { "etcd" };
+        format!("{scheme}://127.0.0.1:{}/{prefix}", self.client)
     }
 
     /// An URL whose first endpoint is dead: this etcd is the second.
@@ -134,9 +186,15 @@ impl Etcd {
 
     /// etcdctl (v3 API) against this etcd.
     fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(require("etcdctl", "etcd-client"))
+        let mut command = Command::new(require("etcdctl", "etcd-client"));
+        let mut endpoint = format!("127.0.0.1:{}", self.client);
+        if let Some(tls) = &self.tls {
+            endpoint = format!("https://{endpoint}");
+            command.args(["--cacert", &tls.ca, "--cert", &tls.client_cert, "--key", &tls.client_key]);
+        }
+        command
             .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &format!("127.0.0.1:{}", self.client), "--command-timeout", "5s"])
+            .args(["--endpoints", &endpoint, "--command-timeout", "5s"])
             .args(args)
             .stdin(Stdio::null())
             .output()
@@ -214,6 +272,7 @@ impl Drop for Memcached {
 /// as it announced them, and its log lines.
 struct Proxy {
     args: Vec<String>,
+    env: Vec<(String, String)>,
     child: Option<Child>,
     pools: HashMap<String, SocketAddr>,
     admin: SocketAddr,
@@ -222,6 +281,11 @@ struct Proxy {
 
 impl Proxy {
     fn start(url: &str, id: &str, cache: &Path, pools: &[&str]) -> Proxy {
+        Proxy::start_with(url, id, cache, pools, &[], &[])
+    }
+
+    /// As [`Proxy::start`], with more arguments and environment variables.
+    fn start_with(url: &str, id: &str, cache: &Path, pools: &[&str], extra: &[String], env: &[(&str, &str)]) -> Proxy {
         let mut args: Vec<String> = ["proxy", "--membership", url, "--proxy-id", id, "--membership-cache"]
             .iter()
             .map(|s| s.to_string())
@@ -232,8 +296,10 @@ impl Proxy {
             args.push("--listen-override".into());
             args.push(format!("{pool}=127.0.0.1:0"));
         }
+        args.extend_from_slice(extra);
         let mut proxy = Proxy {
             args,
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             child: None,
             pools: HashMap::new(),
             admin: "127.0.0.1:1".parse().unwrap(),
@@ -246,6 +312,7 @@ impl Proxy {
     fn spawn(&mut self) {
         let mut child = Command::new(env!("CARGO_BIN_EXE_chash"))
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -847,7 +914,14 @@ fn config_put_refuses_what_a_proxy_would_refuse() {
 /// The stored config as `chash config get` prints it: text, revision and
 /// config hash.
 fn stored(url: &str) -> (String, i64, String) {
-    let out = chash(&["config", "get", "--etcd", url], b"");
+    stored_with(url, &[])
+}
+
+/// As [`stored`], with more arguments (TLS flags).
+fn stored_with(url: &str, extra: &[String]) -> (String, i64, String) {
+    let mut args = vec!["config", "get", "--etcd", url];
+    args.extend(extra.iter().map(String::as_str));
+    let out = chash(&args, b"");
     assert!(out.status.success(), "{}", stderr(&out));
     let header = stderr(&out);
     let revision = header.split("revision ").nth(1).unwrap().split_whitespace().next().unwrap().parse().unwrap();
@@ -861,6 +935,85 @@ fn cached(path: &Path) -> Option<(i64, String)> {
     let (header, body) = text.split_once('\n')?;
     let revision = header.split(" revision ").nth(1)?.split_whitespace().next()?.parse().ok()?;
     Some((revision, body.to_owned()))
+}
+
+/// The fleet's core over TLS with client certificates (etcd started with
+/// `--client-cert-auth`): a config put and a change made with `chash
+/// config --etcd https://...`, two proxies following it (one given the
+/// files as flags, one as environment variables) that agree and place
+/// keys alike; no client certificate, a CA that is not etcd's, a
+/// plaintext URL, and TLS files for a plaintext URL are refused, each
+/// saying why.
+#[test]
+fn a_fleet_on_etcd_over_tls_with_client_certificates() {
+    let _serial = serial();
+    let dir = TempDir::new("tls");
+    let pki = pki::Pki::new();
+    let etcd = Etcd::start_with(&dir, Some(EtcdFiles::of(&pki)));
+    let files = EtcdFiles::of(&pki);
+    let tls = files.flags();
+    let caches: Vec<Memcached> = (0..4).map(|_| Memcached::start()).collect();
+    let ids: Vec<String> = caches.iter().map(Memcached::id).collect();
+    let url = etcd.url("chash/tls");
+    assert!(url.starts_with("https://"), "{url}");
+    let file = dir.path("fleet.yml");
+    std::fs::write(&file, fleet_config(&ids)).unwrap();
+    let file = file.to_str().unwrap();
+    let with = |args: &[&str], extra: &[String]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(extra.iter().map(String::as_str));
+        chash(&all, b"")
+    };
+
+    // Refused, each with its reason, and nothing written.
+    let no_client_cert = with(&["config", "put", "--etcd", &url, file], &tls[..2]);
+    let other_ca = ["--etcd-ca".to_owned(), pki.path("other-ca.pem")];
+    let unknown_ca = with(&["config", "put", "--etcd", &url, file], &[&other_ca[..], &tls[2..]].concat());
+    let plain = url.replacen("https://", "etcd://", 1);
+    let plaintext = with(&["config", "put", "--etcd", &plain, file], &[]);
+    let files_for_plain = with(&["config", "put", "--etcd", &plain, file], &tls);
+    let half = with(&["config", "put", "--etcd", &url, file], &tls[..4]);
+    for (out, says) in [
+        (&no_client_cert, "etcd refused this client's certificate, or its absence"),
+        (&unknown_ca, "does not chain to --etcd-ca"),
+        (&plaintext, "unreachable"),
+        (&files_for_plain, "is plaintext: write https://127.0.0.1:"),
+        (&half, "--etcd-cert and --etcd-key go together"),
+    ] {
+        assert!(!out.status.success() && stderr(out).contains(says), "{}{}", stdout(out), stderr(out));
+    }
+    assert!(etcd.ctl(&["get", "/chash/tls/config"]).stdout.is_empty(), "nothing was written");
+
+    let put = with(&["config", "put", "--etcd", &url, file], &tls);
+    assert!(put.status.success() && stdout(&put).contains("created at revision"), "{}{}", stdout(&put), stderr(&put));
+    let pools = ["web", "pages"];
+    let env = [
+        ("CHASH_ETCD_CA", files.ca.as_str()),
+        ("CHASH_ETCD_CERT", &files.client_cert),
+        ("CHASH_ETCD_KEY", &files.client_key),
+    ];
+    let proxies = [
+        Proxy::start_with(&url, "t1", &dir.path("t1.cache"), &pools, &tls, &[]),
+        Proxy::start_with(&url, "t2", &dir.path("t2.cache"), &pools, &[], &env),
+    ];
+    eventually(20, "both proxies registered over TLS", || {
+        let out = with(&["fleet", "status", "--etcd", &url, "--max-lag", "0"], &tls);
+        out.status.success() && stdout(&out).contains("agree: 2 proxies")
+    });
+    assert_eq!(proxies[0].stats()["membership"]["endpoints"][0], format!("https://127.0.0.1:{}", etcd.client));
+
+    let line = format!("{}:1", ids[3]);
+    let add = with(&["config", "add", "--etcd", &url, "--pool", "web", &line, "--wait", "20"], &tls);
+    assert!(add.status.success(), "{}{}", stdout(&add), stderr(&add));
+    let (text, revision, _) = stored_with(&url, &tls);
+    assert!(text.contains(&line), "{text}");
+    for p in &proxies {
+        assert_eq!(p.revision(), revision, "{} applied the change", p.admin);
+    }
+    let both: Vec<&Proxy> = proxies.iter().collect();
+    for pool in pools {
+        placed_alike(&both, pool, 1).unwrap();
+    }
 }
 
 /// A proxy that starts from its cache while etcd is out of its reach

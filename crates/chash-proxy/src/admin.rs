@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use chash::Edit;
@@ -39,8 +39,17 @@ use crate::stats::{Desc, Kind, PoolSnapshot, ServerSnapshot};
 const MAX_HEAD: usize = 16 * 1024;
 const MAX_BODY: usize = 64 * 1024;
 
-/// Serves admin requests until shutdown.
-pub(crate) async fn serve(listener: TcpListener, registry: Arc<Registry>, mut stop: watch::Receiver<bool>) {
+/// How long an admin connection may take, its TLS handshake included.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves admin requests until shutdown, over TLS when `tls` is given (its
+/// current certificate: a reload swaps it for new connections).
+pub(crate) async fn serve(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    tls: Option<Arc<crate::tls::LiveTls>>,
+    mut stop: watch::Receiver<bool>,
+) {
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -51,8 +60,21 @@ pub(crate) async fn serve(listener: TcpListener, registry: Arc<Registry>, mut st
             continue;
         };
         let registry = registry.clone();
+        let acceptor = tls.as_ref().and_then(|t| t.acceptor());
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(10), handle(stream, registry)).await;
+            let _ = tokio::time::timeout(CONNECTION_TIMEOUT, async {
+                match acceptor {
+                    Some(acceptor) => match acceptor.accept(stream).await {
+                        Ok(stream) => handle(stream, registry).await,
+                        Err(e) => {
+                            tracing::debug!("admin endpoint: TLS handshake failed: {e}");
+                            Ok(())
+                        }
+                    },
+                    None => handle(stream, registry).await,
+                }
+            })
+            .await;
         });
     }
 }
@@ -71,7 +93,7 @@ fn error(status: u16, message: impl Into<String>) -> Response {
     json_response(status, json!({ "error": message.into() }))
 }
 
-async fn handle(mut stream: TcpStream, registry: Arc<Registry>) -> std::io::Result<()> {
+async fn handle<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, registry: Arc<Registry>) -> std::io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let head_end = loop {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -329,6 +351,9 @@ fn stats_json(registry: &Registry, counters: bool) -> Value {
         put_values(&mut membership, &m.values());
         v["membership"] = membership;
     }
+    if let Some((Some(left), _)) = registry.admin_tls().map(|t| t.expiry()) {
+        v["admin_tls_cert_expiry_seconds"] = json!(left);
+    }
     v
 }
 
@@ -369,6 +394,14 @@ fn metrics(registry: &Registry) -> String {
     let _ = writeln!(out, "# HELP chash_uptime_seconds Seconds since the proxy started.");
     let _ = writeln!(out, "# TYPE chash_uptime_seconds gauge");
     let _ = writeln!(out, "chash_uptime_seconds {}", registry.shared().started.elapsed().as_secs());
+    if let Some((Some(left), _)) = registry.admin_tls().map(|t| t.expiry()) {
+        let _ = writeln!(
+            out,
+            "# HELP chash_admin_tls_cert_expiry_seconds Seconds until the admin endpoint's certificate expires."
+        );
+        let _ = writeln!(out, "# TYPE chash_admin_tls_cert_expiry_seconds gauge");
+        let _ = writeln!(out, "chash_admin_tls_cert_expiry_seconds {left}");
+    }
     for (d, value) in registry.config_status().values() {
         let name = metric_name("chash_config", &d);
         metric_head(&mut out, &name, &d);
@@ -433,7 +466,7 @@ fn metrics(registry: &Registry) -> String {
     out
 }
 
-async fn write(stream: &mut TcpStream, r: Response) -> std::io::Result<()> {
+async fn write<S: AsyncWrite + Unpin>(stream: &mut S, r: Response) -> std::io::Result<()> {
     let reason = match r.status {
         200 => "OK",
         400 => "Bad Request",

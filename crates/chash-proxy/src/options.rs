@@ -66,6 +66,11 @@ pub struct ProxyOptions {
     /// Serve the admin endpoint on a non-loopback address without a token.
     /// Defaults to false (refused at start).
     pub admin_insecure: bool,
+    /// Serve the admin endpoint over TLS with this certificate and key
+    /// (`cert`, `key`; `client_ca`: clients must present a certificate
+    /// chaining to it), reloaded with the pools' TLS files. Defaults to
+    /// none (plain HTTP).
+    pub admin_tls: Option<chash::PoolTls>,
     /// How long a graceful shutdown waits for in-flight requests. Defaults
     /// to 5 s.
     pub drain: Duration,
@@ -99,6 +104,7 @@ impl Default for ProxyOptions {
             watch_config: true,
             admin_token: None,
             admin_insecure: false,
+            admin_tls: None,
             drain: DEFAULT_DRAIN,
             lenient_keys: false,
             threads: None,

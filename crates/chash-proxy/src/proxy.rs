@@ -43,6 +43,8 @@ pub enum StartError {
         /// The address.
         addr: String,
     },
+    /// The admin endpoint's TLS files cannot be used.
+    AdminTls(crate::tls::TlsError),
     /// An address cannot be listened on.
     Listen {
         /// What it is for (`pool "alpha"`, `admin`, `stats`).
@@ -59,6 +61,7 @@ impl fmt::Display for StartError {
         match self {
             StartError::Workers(e) => write!(f, "cannot start the worker threads: {e}"),
             StartError::Pool(e) => write!(f, "{e}"),
+            StartError::AdminTls(e) => write!(f, "admin endpoint: {e}"),
             StartError::Listen { what, addr, source } => write!(f, "{what}: cannot listen on {addr}: {source}"),
             StartError::Insecure { addr } => write!(
                 f,
@@ -76,6 +79,7 @@ impl std::error::Error for StartError {
         match self {
             StartError::Workers(e) | StartError::Listen { source: e, .. } => Some(e),
             StartError::Pool(e) => Some(e),
+            StartError::AdminTls(e) => Some(e),
             StartError::Insecure { .. } => None,
         }
     }
@@ -213,7 +217,11 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         }
         started.push(pool);
     }
-    let registry = Arc::new(Registry::new(shared.clone(), started));
+    let admin_tls = match &options.admin_tls {
+        Some(tls) if options.admin_addr.is_some() => Some(crate::tls::LiveTls::new(tls).map_err(StartError::AdminTls)?),
+        _ => None,
+    };
+    let registry = Arc::new(Registry::new(shared.clone(), started).with_admin_tls(admin_tls.clone()));
     let mut tasks = Vec::new();
     let pool_count = bound.len();
     let (open, connections) = mpsc::channel(1);
@@ -248,7 +256,14 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
                 other => other?,
             };
             let local = listener.local_addr().ok();
-            tasks.push(tokio::spawn(crate::admin::serve(listener, registry.clone(), shutdown.subscribe())));
+            if !addr.ip().is_loopback() && options.admin_token.is_some() && admin_tls.is_none() {
+                tracing::warn!(
+                    "admin endpoint on {addr} (not loopback) is plain HTTP: its token crosses the network in clear \
+                     (serve it over TLS with --admin-tls-cert and --admin-tls-key)"
+                );
+            }
+            let acceptor = admin_tls.clone();
+            tasks.push(tokio::spawn(crate::admin::serve(listener, registry.clone(), acceptor, shutdown.subscribe())));
             local
         }
         None => None,

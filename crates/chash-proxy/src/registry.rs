@@ -131,6 +131,8 @@ pub struct Registry {
     file: FileState,
     /// Where the membership comes from when it is not the file (etcd).
     membership: Mutex<Option<MembershipStatus>>,
+    /// The admin endpoint's TLS, reloaded with the pools'.
+    admin_tls: Option<Arc<crate::tls::LiveTls>>,
 }
 
 /// The state of a membership source other than the config file (etcd), as
@@ -282,12 +284,28 @@ fn content_hash(text: &str) -> u64 {
 
 impl Registry {
     pub(crate) fn new(shared: Arc<Shared>, pools: Vec<Arc<Pool>>) -> Registry {
-        let registry =
-            Registry { shared, pools: RwLock::new(pools), file: FileState::default(), membership: Mutex::new(None) };
+        let registry = Registry {
+            shared,
+            pools: RwLock::new(pools),
+            file: FileState::default(),
+            membership: Mutex::new(None),
+            admin_tls: None,
+        };
         if let Some(text) = registry.shared.options.config_path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
             registry.file.known.store(content_hash(&text), Relaxed);
         }
         registry
+    }
+
+    /// The registry with the admin endpoint's TLS, which reloads reload too.
+    pub(crate) fn with_admin_tls(mut self, tls: Option<Arc<crate::tls::LiveTls>>) -> Registry {
+        self.admin_tls = tls;
+        self
+    }
+
+    /// The admin endpoint's TLS, if it serves TLS.
+    pub(crate) fn admin_tls(&self) -> Option<&Arc<crate::tls::LiveTls>> {
+        self.admin_tls.as_ref()
     }
 
     /// Process-wide settings.
@@ -551,11 +569,29 @@ impl Registry {
         Ok(self.apply(configs, Apply::File))
     }
 
+    /// Reads every TLS file again (the pools' and the admin endpoint's): a
+    /// SIGHUP of a proxy without a config file to reload (one following
+    /// etcd). Returns what was refused (the old files stay for those).
+    pub fn reload_tls_files(&self) -> Vec<String> {
+        self.reload_tls(false)
+    }
+
     /// Reads every pool's TLS files again (`only_changed`: the pools whose
     /// files changed since they were loaded); a pool whose new files cannot
     /// be used keeps its old certificate. Returns what was refused.
     fn reload_tls(&self, only_changed: bool) -> Vec<String> {
         let mut problems = Vec::new();
+        if let Some(tls) = &self.admin_tls {
+            if !only_changed || tls.changed() {
+                match tls.reload() {
+                    Ok(()) => tracing::info!("admin endpoint: TLS certificate (re)loaded"),
+                    Err(e) => {
+                        tracing::error!("admin endpoint: TLS files refused, the old ones stay: {e}");
+                        problems.push(format!("admin endpoint: {e} (the old TLS files stay)"));
+                    }
+                }
+            }
+        }
         for pool in self.pools() {
             let tls = pool.tls();
             if !tls.in_use() || (only_changed && !tls.changed()) {

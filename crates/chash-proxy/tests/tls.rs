@@ -3,6 +3,8 @@
 //! made by the test (openssl): a CA, servers' and a client's certificates,
 //! and a second CA the proxy does not trust.
 
+#[path = "support/pki.rs"]
+mod pki;
 mod support;
 
 use std::io::{BufRead, BufReader, Write};
@@ -11,104 +13,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use pki::Pki;
 use support::{require, run_script, spawn_server, Proxy};
-
-/// Certificates in a directory of their own, removed when dropped.
-struct Pki {
-    dir: PathBuf,
-}
-
-impl Pki {
-    fn new() -> Pki {
-        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("chash-tls-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let pki = Pki { dir };
-        pki.ca("ca");
-        pki.ca("other-ca");
-        pki.leaf("server", "ca", "subjectAltName=IP:127.0.0.1,DNS:localhost");
-        pki.leaf("stranger", "other-ca", "subjectAltName=IP:127.0.0.1,DNS:localhost");
-        pki.leaf("client", "ca", "extendedKeyUsage=clientAuth");
-        pki.leaf("other-client", "other-ca", "extendedKeyUsage=clientAuth");
-        pki
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.join(name).to_string_lossy().into_owned()
-    }
-
-    fn openssl(&self, args: &[&str]) {
-        let openssl = require("openssl", "openssl");
-        let out = Command::new(openssl).args(args).current_dir(&self.dir).output().unwrap();
-        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-
-    fn ca(&self, name: &str) {
-        let (key, pem, subject) = (format!("{name}.key"), format!("{name}.pem"), format!("/CN=chash test {name}"));
-        self.openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &pem,
-            "-days",
-            "30",
-            "-subj",
-            &subject,
-        ]);
-    }
-
-    /// A certificate `name` signed by CA `ca`, with extension `ext`.
-    fn leaf(&self, name: &str, ca: &str, ext: &str) {
-        let (key, csr, pem) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"));
-        let ext_file = format!("{name}.ext");
-        std::fs::write(self.dir.join(&ext_file), format!("{ext}\n")).unwrap();
-        self.openssl(&[
-            "req",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &key,
-            "-out",
-            &csr,
-            "-subj",
-            &format!("/CN={name}"),
-        ]);
-        self.openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-out",
-            &pem,
-            "-days",
-            "30",
-            "-extfile",
-            &ext_file,
-        ]);
-    }
-}
-
-impl Drop for Pki {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 /// A redis-server speaking only TLS, with certificate `cert` (of the
 /// Pki); `clients_need_certs`: `--tls-auth-clients yes`.
@@ -260,6 +166,58 @@ fn servers_are_verified() {
     assert_eq!(cmd(proxy.addr, &["GET", "k"]), "v");
 }
 
+/// A pool half moved to TLS (`server_tls_overrides`, by server ID): s1
+/// over TLS, s2 in plaintext, both taking keys. An override that names a
+/// CA s1's certificate does not chain to fails s1's requests (naming the
+/// reason) and only s1's; the file fixed and reloaded, s1 is used without
+/// a restart. The overrides do not move a key (placement is by ID).
+#[test]
+fn a_pool_half_moved_to_tls() {
+    let pki = Pki::new();
+    let tls = TlsRedis::start(&pki, "server", false);
+    let plain = support::Redis::start(None);
+    let yml = |s1: &str| {
+        format!(
+            "alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n  timeout: 2000\n  server_tls: true\n  \
+             server_tls_ca: {}\n  server_tls_overrides:\n    s2: {{server_tls: false}}\n{s1}  servers:\n   - {}:1 \
+             s1\n   - {}:1 s2\n",
+            pki.path("ca.pem"),
+            tls.id(),
+            plain.id()
+        )
+    };
+    let wrong_ca = format!("    s1: {{server_tls_ca: {}}}\n", pki.path("other-ca.pem"));
+    let fingerprint = |y: &str| chash::config::Config::from_yaml(y).unwrap().pool(None).unwrap().snapshot().unwrap();
+    let bare = yml("").replace("  server_tls_overrides:\n    s2: {server_tls: false}\n", "");
+    for a in [yml(""), yml(&wrong_ca)] {
+        let keys: Vec<String> = (0..200).map(|i| format!("k{i}")).collect();
+        let (with, without) = (fingerprint(&a), fingerprint(&bare));
+        assert!(keys.iter().all(|k| with.route(k.as_bytes()) == without.route(k.as_bytes())), "no key moves");
+    }
+
+    let path = pki.dir.join("half.yml");
+    std::fs::write(&path, yml(&wrong_ca)).unwrap();
+    let proxy = Proxy::start_with(&yml(&wrong_ca), chash_proxy::ProxyOptions::default(), Some(path.clone()));
+    let replies: Vec<String> = (0..60).map(|i| cmd(proxy.addr, &["SET", &format!("half:{i}"), "v"])).collect();
+    let failed: Vec<&String> = replies.iter().filter(|r| *r != "+OK").collect();
+    assert!(failed.len() > 5 && failed.len() < 55, "s1's keys fail, s2's do not: {replies:?}");
+    assert!(failed.iter().all(|r| r.starts_with("-ERR backend") && r.contains("UnknownIssuer")), "{failed:?}");
+
+    std::fs::write(&path, yml("")).unwrap();
+    assert_eq!(proxy.admin("POST", "/reload", "").0, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let all_ok = || (0..60).all(|i| cmd(proxy.addr, &["SET", &format!("half:{i}"), &format!("v{i}")]) == "+OK");
+    while !all_ok() {
+        assert!(Instant::now() < deadline, "s1 is used after the reload");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for i in 0..60 {
+        assert_eq!(cmd(proxy.addr, &["GET", &format!("half:{i}")]), format!("v{i}"));
+    }
+    let on_plain = cmd(SocketAddr::from(([127, 0, 0, 1], plain.port)), &["DBSIZE"]);
+    assert!(on_plain.trim_start_matches(':').parse::<u32>().unwrap() > 5, "s2 (plaintext) took keys: {on_plain}");
+}
+
 /// Clients speak TLS to the proxy on `tls_listen` while `listen` stays
 /// plaintext; with `tls_client_ca`, a client without a certificate, or with
 /// one from another CA, is refused at the handshake.
@@ -316,6 +274,13 @@ fn tls_settings_are_checked() {
     assert!(e.contains("tls_cert and tls_key go together"), "{e}");
     let e = tls(&with("  server_tls_ca: ca.pem\n")).unwrap_err().to_string();
     assert!(e.contains("need server_tls: true"), "{e}");
+    let e = tls(&with("  server_tls_overrides:\n    s1: {server_tls_name: a}\n")).unwrap_err().to_string();
+    assert!(e.contains("server_tls_overrides of s1") && e.contains("need server_tls: true"), "{e}");
+    let e = tls(&with("  server_tls: true\n  server_tls_overrides:\n    s1: {tls_name: a}\n")).unwrap_err().to_string();
+    assert!(e.contains("tls_name"), "an unknown key is named: {e}");
+    let on = tls(&with("  server_tls_overrides:\n    127.0.0.1:1: {server_tls: true, server_tls_name: a}\n")).unwrap();
+    assert!(on.any_server_tls() && !on.server, "one server over TLS in a plaintext pool");
+    assert_eq!(on.for_server("127.0.0.1:1").unwrap().server_name.as_deref(), Some("a"));
 
     let check = |keys: String| chash_proxy::check_tls(&tls(&with(&keys)).unwrap()).map_err(|e| e.to_string());
     let missing = check(format!("  tls_cert: {}\n  tls_key: {}\n", pki.path("nope.pem"), pki.path("server.key")));

@@ -133,6 +133,11 @@ pub struct PoolFile {
     pub server_tls_name: Option<String>,
     /// chash (proxy): `false` skips verifying servers (logged loudly).
     pub server_tls_verify: Option<bool>,
+    /// chash (proxy): per-server TLS, by server ID (`HOST:PORT`) or name:
+    /// any of the `server_tls*` keys, over the pool's. A
+    /// pool half moved to TLS, a server with a name of its own. Placement
+    /// is unchanged (the ID is the same).
+    pub server_tls_overrides: Option<std::collections::BTreeMap<String, crate::pool_config::ServerTls>>,
 }
 
 /// A whole config file: pools in file order.
@@ -252,6 +257,7 @@ impl PoolFile {
         tls.server_key.clone_from(&self.server_tls_key);
         tls.server_name.clone_from(&self.server_tls_name);
         tls.server_verify = self.server_tls_verify.unwrap_or(true);
+        tls.servers = self.server_tls_overrides.clone().unwrap_or_default();
         b = b.tls(tls);
         for line in &self.servers {
             b = b.server_line(line);

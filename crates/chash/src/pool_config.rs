@@ -130,6 +130,30 @@ pub struct PoolTls {
     pub server_name: Option<String>,
     /// Verify servers' certificates (`server_tls_verify`; default true).
     pub server_verify: bool,
+    /// Per-server settings over these (`server_tls_overrides`), by server
+    /// ID (`HOST:PORT`) or name. One the pool does not have is ignored (a
+    /// server removed since: its override may stay in the file).
+    pub servers: std::collections::BTreeMap<String, ServerTls>,
+}
+
+/// One server's TLS settings over its pool's (`server_tls_overrides`):
+/// the keys it sets replace the pool's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ServerTls {
+    /// `server_tls`: speak TLS to this server (or not).
+    pub server_tls: Option<bool>,
+    /// `server_tls_ca`.
+    pub server_tls_ca: Option<String>,
+    /// `server_tls_cert`.
+    pub server_tls_cert: Option<String>,
+    /// `server_tls_key`.
+    pub server_tls_key: Option<String>,
+    /// `server_tls_name`.
+    pub server_tls_name: Option<String>,
+    /// `server_tls_verify`.
+    pub server_tls_verify: Option<bool>,
 }
 
 impl Default for PoolTls {
@@ -145,6 +169,7 @@ impl Default for PoolTls {
             server_key: None,
             server_name: None,
             server_verify: true,
+            servers: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -162,6 +187,51 @@ impl PoolTls {
     /// or TLS listen address without a certificate, server keys without
     /// `server_tls: true`.
     pub fn check(&self) -> Result<()> {
+        self.check_one()?;
+        for id in self.servers.keys() {
+            if let Some(server) = self.for_server(id) {
+                server.check_one().map_err(|e| Error::Config(format!("server_tls_overrides of {id}: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The server-side settings of server `id`: the pool's with its
+    /// override's keys in their place (`None`: it has no override).
+    pub fn for_server(&self, id: &str) -> Option<PoolTls> {
+        let o = self.servers.get(id)?;
+        let mut t = self.clone();
+        t.servers.clear();
+        t.server = o.server_tls.unwrap_or(t.server);
+        let set = |mine: &mut Option<String>, theirs: &Option<String>| {
+            if theirs.is_some() {
+                mine.clone_from(theirs);
+            }
+        };
+        set(&mut t.server_ca, &o.server_tls_ca);
+        set(&mut t.server_cert, &o.server_tls_cert);
+        set(&mut t.server_key, &o.server_tls_key);
+        set(&mut t.server_name, &o.server_tls_name);
+        t.server_verify = o.server_tls_verify.unwrap_or(t.server_verify);
+        if o.server_tls == Some(false) {
+            // Plaintext to this server: the pool's server keys do not
+            // apply (its own would be an error, which `check` reports).
+            t.server_ca.clone_from(&o.server_tls_ca);
+            t.server_cert.clone_from(&o.server_tls_cert);
+            t.server_key.clone_from(&o.server_tls_key);
+            t.server_name.clone_from(&o.server_tls_name);
+            t.server_verify = o.server_tls_verify.unwrap_or(true);
+        }
+        Some(t)
+    }
+
+    /// Whether any server is spoken to over TLS (the pool's `server_tls`
+    /// or an override's).
+    pub fn any_server_tls(&self) -> bool {
+        self.server || self.servers.keys().any(|id| self.for_server(id).is_some_and(|t| t.server))
+    }
+
+    fn check_one(&self) -> Result<()> {
         let bad = |msg: &str| Err(Error::Config(msg.to_owned()));
         if self.cert.is_some() != self.key.is_some() {
             return bad("tls_cert and tls_key go together (a certificate chain and its private key, PEM files)");

@@ -46,6 +46,9 @@ const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 /// What a connection slot's task needs of its server.
 pub(super) struct Slot {
     pub address: Address,
+    /// The server's name, when its line gives one (TLS overrides may
+    /// name it).
+    pub name: Option<String>,
     pub settings: BackendSettings,
     /// The set-up of this slot's dialect.
     pub setup: Option<Setup>,
@@ -171,7 +174,7 @@ async fn open_while_waiting(
     waiting: &mut VecDeque<Job>,
 ) -> Option<Result<(BoxRead, BoxWrite), String>> {
     // The connector as it is now (certificates reload without a restart).
-    let tls = slot.settings.tls.as_ref().and_then(|t| t.connector());
+    let tls = slot.settings.tls.as_ref().and_then(|t| t.connector_for(slot.health.id(), slot.name.as_deref()));
     let opening = open(&slot.address, slot.settings.timeout, slot.setup.as_ref(), tls.as_deref());
     tokio::pin!(opening);
     loop {

@@ -110,6 +110,7 @@ impl Server {
                     txs.push(tx);
                     let slot = connection::Slot {
                         address: address.clone(),
+                        name: line.name.clone(),
                         settings: settings.clone(),
                         setup: setup.clone(),
                         // Only the first dialect's connections are made at
@@ -255,6 +256,7 @@ impl Server {
         let (tx, rx) = mpsc::channel(connection::QUEUE);
         let slot = connection::Slot {
             address: self.address.clone(),
+            name: self.line.name.clone(),
             settings: self.settings.clone(),
             setup: self.settings.dialects[dialect].clone(),
             preconnect: true,

@@ -5,7 +5,8 @@
 //! dies). Two tenants, apart:
 //!
 //! - here, what both share: [`EtcdTarget`]
-//!   (`etcd://HOST:PORT[,HOST:PORT...]/PREFIX`, parsed), [`connect`],
+//!   (`etcd://HOST:PORT[,HOST:PORT...]/PREFIX`, parsed; `https://` for
+//!   TLS, with [`EtcdTls`]'s CA and client certificate), [`connect`],
 //!   [`read_config`], the report a proxy keeps ([`ProxyReport`]) and the
 //!   errors;
 //! - [`follow`] (the proxy's runtime, `chash proxy --membership`): every
@@ -24,12 +25,13 @@ pub mod store;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
 use chash::KeyHasher;
 pub use etcd_client::Client;
-use etcd_client::ConnectOptions;
+use etcd_client::{Certificate, ConnectOptions, Identity, TlsOptions};
 use serde::{Deserialize, Serialize};
 
 /// How long connecting to etcd may take.
@@ -49,11 +51,59 @@ pub const LEASE_TTL: Duration = Duration::from_secs(10);
 /// Where a fleet's membership lives: etcd's endpoints and a key prefix.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EtcdTarget {
-    /// `http://HOST:PORT`, one per endpoint.
+    /// `http://HOST:PORT` (`https://` with TLS), one per endpoint.
     pub endpoints: Vec<String>,
     /// The key prefix, with a leading `/` and no trailing one
     /// (`/chash/web`).
     pub prefix: String,
+    /// TLS to etcd (`https://` or `etcds://` URLs); `None`: plaintext.
+    pub tls: Option<EtcdTls>,
+}
+
+/// How the TLS link to etcd is checked and who the client is: etcdctl's
+/// `--cacert`, `--cert` and `--key` (the CLI's `--etcd-ca`, `--etcd-cert`,
+/// `--etcd-key`). Files are read at each connection, so a rotated
+/// certificate is used from the next reconnection on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdTls {
+    /// The CA etcd's certificate must chain to (default: the system's
+    /// roots).
+    pub ca: Option<PathBuf>,
+    /// A client certificate (PEM) for an etcd started with
+    /// `--client-cert-auth`.
+    pub cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub key: Option<PathBuf>,
+}
+
+impl EtcdTls {
+    fn is_empty(&self) -> bool {
+        self.ca.is_none() && self.cert.is_none() && self.key.is_none()
+    }
+
+    /// Reads and checks the files (a CA that parses, a key that matches
+    /// its certificate) into the client's TLS options.
+    fn options(&self) -> Result<TlsOptions, EtcdError> {
+        let path = |p: &Option<PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        crate::tls::check_client_files(
+            ("--etcd-ca", path(&self.ca).as_deref()),
+            ("--etcd-cert", path(&self.cert).as_deref()),
+            ("--etcd-key", path(&self.key).as_deref()),
+        )
+        .map_err(|e| EtcdError::Tls { why: e.to_string() })?;
+        let read = |what: &str, p: &PathBuf| {
+            std::fs::read(p).map_err(|e| EtcdError::Tls { why: format!("{what} {}: {e}", p.display()) })
+        };
+        let mut options = TlsOptions::new();
+        options = match &self.ca {
+            Some(ca) => options.ca_certificate(Certificate::from_pem(read("--etcd-ca", ca)?)),
+            None => options.with_native_roots(),
+        };
+        if let (Some(cert), Some(key)) = (&self.cert, &self.key) {
+            options = options.identity(Identity::from_pem(read("--etcd-cert", cert)?, read("--etcd-key", key)?));
+        }
+        Ok(options)
+    }
 }
 
 impl EtcdTarget {
@@ -71,12 +121,44 @@ impl EtcdTarget {
     pub fn endpoint_list(&self) -> String {
         self.endpoints.join(",")
     }
+
+    /// The target with TLS files (`--etcd-ca`, `--etcd-cert`,
+    /// `--etcd-key`); none given leaves it as it is.
+    ///
+    /// # Errors
+    /// Files named for a plaintext URL (`etcd://`, `http://`), or a
+    /// certificate without its key (or a key without its certificate).
+    pub fn with_tls_files(mut self, files: EtcdTls) -> Result<EtcdTarget, EtcdError> {
+        if files.is_empty() {
+            return Ok(self);
+        }
+        let bad = |why: &str| EtcdError::Tls { why: why.to_owned() };
+        if files.cert.is_some() != files.key.is_some() {
+            return Err(bad("--etcd-cert and --etcd-key go together: give both (or neither)"));
+        }
+        match &mut self.tls {
+            None => Err(bad(&format!(
+                "--etcd-ca, --etcd-cert and --etcd-key are for TLS, and {self} is plaintext: write https://{}{}",
+                self.hosts().join(","),
+                self.prefix
+            ))),
+            Some(tls) => {
+                *tls = files;
+                Ok(self)
+            }
+        }
+    }
+
+    /// `HOST:PORT` of each endpoint.
+    fn hosts(&self) -> Vec<&str> {
+        self.endpoints.iter().map(|e| e.trim_start_matches("http://").trim_start_matches("https://")).collect()
+    }
 }
 
 impl fmt::Display for EtcdTarget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hosts: Vec<&str> = self.endpoints.iter().map(|e| e.trim_start_matches("http://")).collect();
-        write!(f, "etcd://{}{}", hosts.join(","), self.prefix)
+        let scheme = if self.tls.is_some() { "https" } else { "etcd" };
+        write!(f, "{scheme}://{}{}", self.hosts().join(","), self.prefix)
     }
 }
 
@@ -84,17 +166,20 @@ impl FromStr for EtcdTarget {
     type Err = EtcdError;
 
     /// Parses `etcd://HOST:PORT[,HOST:PORT...]/PREFIX` (the scheme may be
-    /// left out).
+    /// left out; `http://` is the same) or, for TLS, `https://...` (or
+    /// `etcds://...`), verified against the system's roots until
+    /// [`EtcdTarget::with_tls_files`] names a CA.
     fn from_str(url: &str) -> Result<EtcdTarget, EtcdError> {
         let bad = |why: &str| EtcdError::Url { url: url.to_owned(), why: why.to_owned() };
-        let rest = match url.split_once("://") {
-            Some(("etcd", rest)) => rest,
+        let (rest, tls) = match url.split_once("://") {
+            Some(("etcd" | "http", rest)) => (rest, false),
+            Some(("https" | "etcds", rest)) => (rest, true),
             Some((scheme, _)) => {
                 return Err(bad(&format!(
-                    "the scheme is {scheme}://; write etcd://HOST:PORT/PREFIX (TLS is not supported)"
+                    "the scheme is {scheme}://; write etcd://HOST:PORT/PREFIX, or https://HOST:PORT/PREFIX for TLS"
                 )))
             }
-            None => url,
+            None => (url, false),
         };
         let (hosts, path) = rest.split_once('/').ok_or_else(|| bad("it names no key prefix: add /PREFIX"))?;
         let path = path.trim_end_matches('/');
@@ -110,9 +195,9 @@ impl FromStr for EtcdTarget {
             if name.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
                 return Err(bad(&format!("{host:?} is not HOST:PORT")));
             }
-            endpoints.push(format!("http://{host}"));
+            endpoints.push(format!("{}://{host}", if tls { "https" } else { "http" }));
         }
-        Ok(EtcdTarget { endpoints, prefix: format!("/{path}") })
+        Ok(EtcdTarget { endpoints, prefix: format!("/{path}"), tls: tls.then(EtcdTls::default) })
     }
 }
 
@@ -134,6 +219,13 @@ pub enum EtcdError {
         /// What was asked.
         what: String,
         /// Why, with its causes.
+        why: String,
+    },
+    /// The TLS settings for etcd cannot be used (a file that cannot be
+    /// read or parsed, a key that does not match its certificate, files
+    /// for a plaintext URL).
+    Tls {
+        /// Why, naming the flag and file.
         why: String,
     },
     /// There is no config at the key.
@@ -165,6 +257,7 @@ impl fmt::Display for EtcdError {
             EtcdError::Url { url, why } => {
                 write!(f, "etcd URL {url:?}: {why} (etcd://HOST:PORT[,HOST:PORT...]/PREFIX)")
             }
+            EtcdError::Tls { why } => write!(f, "etcd TLS: {why}"),
             EtcdError::Etcd { endpoints, what, why } => write!(f, "etcd at {endpoints}: {what}: {why}"),
             EtcdError::NoConfig { key } => {
                 write!(f, "etcd has no config at {key}: upload one with `chash config put --etcd URL/PREFIX FILE`")
@@ -225,25 +318,49 @@ impl EtcdTarget {
 /// # Errors
 /// [`EtcdError::Etcd`] when no endpoint answers, with each one's error.
 pub async fn connect(target: &EtcdTarget) -> Result<Client, EtcdError> {
+    let tls = target.tls.as_ref().map(EtcdTls::options).transpose()?;
     let mut errors = Vec::new();
     for endpoint in &target.endpoints {
-        match connect_one(endpoint).await {
+        match connect_one(endpoint, tls.clone()).await {
             Ok(client) => return Ok(client),
             Err(why) if target.endpoints.len() == 1 => errors.push(why),
             Err(why) => errors.push(format!("{endpoint}: {why}")),
         }
     }
-    Err(EtcdError::Etcd { endpoints: target.endpoint_list(), what: "unreachable".into(), why: errors.join("; ") })
+    let mut why = errors.join("; ");
+    why.push_str(tls_hint(target, &why));
+    Err(EtcdError::Etcd { endpoints: target.endpoint_list(), what: "unreachable".into(), why })
+}
+
+/// What a TLS failure most likely means, for the operator (tonic's errors
+/// name the alert, not the fix).
+fn tls_hint(target: &EtcdTarget, why: &str) -> &'static str {
+    let tls = target.tls.is_some();
+    if tls && (why.contains("BadCertificate") || why.contains("CertificateRequired")) {
+        " (etcd refused this client's certificate, or its absence: give --etcd-cert and --etcd-key, signed by a CA \
+         etcd trusts)"
+    } else if tls && why.contains("UnknownIssuer") {
+        " (etcd's certificate does not chain to --etcd-ca, or to the system's roots without it)"
+    } else if tls && why.contains("NotValidForName") {
+        " (etcd's certificate does not name the host of the URL)"
+    } else if !tls && (why.contains("broken pipe") || why.contains("connection reset")) {
+        " (does etcd serve TLS there? then write https://HOST:PORT/PREFIX)"
+    } else {
+        ""
+    }
 }
 
 /// A client of one endpoint, once the endpoint has answered a request (a
 /// connection alone does not say that etcd serves).
-async fn connect_one(endpoint: &str) -> Result<Client, String> {
-    let options = ConnectOptions::new()
+async fn connect_one(endpoint: &str, tls: Option<TlsOptions>) -> Result<Client, String> {
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(CONNECT_TIMEOUT)
         .with_timeout(REQUEST_TIMEOUT)
         .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2))
         .with_keep_alive_while_idle(true);
+    if let Some(tls) = tls {
+        options = options.with_tls(tls);
+    }
     let connect = Client::connect([endpoint], Some(options));
     let mut client = match tokio::time::timeout(CONNECT_TIMEOUT + REQUEST_TIMEOUT, connect).await {
         Ok(Ok(client)) => client,
@@ -330,10 +447,17 @@ mod tests {
         assert_eq!(t.proxies_prefix(), "/chash/web/proxies/");
         assert_eq!(t.to_string(), "etcd://127.0.0.1:2379,10.0.0.2:2379/chash/web");
         assert_eq!("localhost:2379/x".parse::<EtcdTarget>().unwrap().prefix, "/x");
+        assert_eq!(t.tls, None);
+        let s: EtcdTarget = "https://127.0.0.1:2379,h:2380/p".parse().unwrap();
+        assert_eq!(s.endpoints, ["https://127.0.0.1:2379", "https://h:2380"]);
+        assert_eq!(s.tls, Some(EtcdTls::default()));
+        assert_eq!(s.to_string(), "https://127.0.0.1:2379,h:2380/p");
+        assert_eq!("etcds://h:1/p".parse::<EtcdTarget>().unwrap(), "https://h:1/p".parse().unwrap());
+        assert_eq!("http://h:1/p".parse::<EtcdTarget>().unwrap(), "etcd://h:1/p".parse().unwrap());
         for (bad, says) in [
             ("etcd://127.0.0.1:2379", "no key prefix"),
             ("etcd://127.0.0.1:2379/", "prefix is empty"),
-            ("https://h:2379/p", "scheme"),
+            ("ftp://h:2379/p", "scheme"),
             ("etcd://h/p", "not HOST:PORT"),
             ("etcd://h:0/p", "not HOST:PORT"),
             ("etcd://h:1,/p", "not HOST:PORT"),
@@ -341,6 +465,20 @@ mod tests {
             let e = bad.parse::<EtcdTarget>().unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn tls_files_need_a_tls_url_and_come_in_pairs() {
+        let ca = EtcdTls { ca: Some("ca.pem".into()), ..EtcdTls::default() };
+        let plain: EtcdTarget = "etcd://h:1/p".parse().unwrap();
+        assert_eq!(plain.clone().with_tls_files(EtcdTls::default()).unwrap(), plain);
+        let e = plain.with_tls_files(ca.clone()).unwrap_err().to_string();
+        assert!(e.contains("is plaintext: write https://h:1/p"), "{e}");
+        let tls: EtcdTarget = "https://h:1/p".parse().unwrap();
+        assert_eq!(tls.clone().with_tls_files(ca.clone()).unwrap().tls, Some(ca));
+        let half = EtcdTls { cert: Some("c.pem".into()), ..EtcdTls::default() };
+        let e = tls.with_tls_files(half).unwrap_err().to_string();
+        assert!(e.contains("--etcd-cert and --etcd-key go together"), "{e}");
     }
 
     #[test]

@@ -136,6 +136,9 @@ impl Pool {
         }
         let members = self.members_for(&new, &old.members)?;
         let state = self.state_for(&new, members)?;
+        self.tls
+            .reconfigure(&self.name, &new.tls)
+            .map_err(|source| PoolError::Tls { pool: self.name.clone(), source })?;
         // Servers this reload removes that the file drains: their window.
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         let drain = new

@@ -110,13 +110,14 @@ impl Pool {
         };
         let tls = crate::tls::LiveTls::new(&config.tls)
             .map_err(|source| PoolError::Tls { pool: config.name.clone(), source })?;
-        let backend = BackendSettings { tls: config.tls.server.then(|| tls.clone()), ..backend };
-        if config.tls.server && !config.tls.server_verify {
-            tracing::warn!(
-                pool = %config.name,
-                "server_tls_verify: false: server certificates are NOT verified (the connections are encrypted, but \
-                 anyone between the proxy and its servers can pose as them)"
-            );
+        // Always there: a reload may turn server TLS on (or off) for new
+        // connections.
+        let backend = BackendSettings { tls: Some(tls.clone()), ..backend };
+        crate::tls::warn_unverified(&config.name, &config.tls);
+        for key in config.tls.servers.keys() {
+            if !config.members().any(|l| l.id == *key || l.name.as_deref() == Some(key.as_str())) {
+                tracing::warn!(pool = %config.name, "server_tls_overrides names {key}, which is not a server of the pool: ignored");
+            }
         }
         // Ejection happens on the failing connection's thread, before the
         // failed requests are answered: their clients' next requests go to
