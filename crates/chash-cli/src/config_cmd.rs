@@ -43,7 +43,8 @@ output with -o or -i, else to standard error). Any error: exit 2, one line.
 
 A fleet on etcd (chash proxy --membership etcd://HOST:PORT/PREFIX): with
 --etcd URL/PREFIX instead of -c, the same change is made to the config stored
-at PREFIX/config and written with a compare-and-swap on the key's revision.
+at PREFIX/config and written with a compare-and-swap on the key's revision
+(https://HOST:PORT/PREFIX: TLS, with --etcd-ca, --etcd-cert, --etcd-key).
 When another writer changed it since it was read, nothing is written and the
 command fails with `conflict: ...` (exit 2); --retry N reads it again and
 re-applies the change, up to N times. --wait SECS then waits until every

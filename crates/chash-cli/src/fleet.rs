@@ -62,8 +62,9 @@ Exit 0 when every registered proxy runs the stored revision with the same
 versions and fingerprints, 1 when one lags, disagrees, or none is
 registered, 2 when etcd cannot be asked.
 
-Example:
-  chash fleet status --etcd etcd://10.0.0.1:2379/chash/web --max-lag 5")]
+Examples:
+  chash fleet status --etcd etcd://10.0.0.1:2379/chash/web --max-lag 5
+  chash fleet status --etcd https://10.0.0.1:2379/chash/web --etcd-ca ca.pem --etcd-cert c.pem --etcd-key c.key")]
     Status {
         /// Where the config is stored: etcd://HOST:PORT[,HOST:PORT...]/PREFIX.
         #[arg(long, value_name = "URL/PREFIX")]

@@ -58,6 +58,8 @@ fingerprints: `chash fleet status --etcd`). With --membership-cache FILE it
 keeps the last applied config there and starts from it when etcd is
 unreachable; without one it then refuses to start. Change the membership
 with `chash config ... --etcd`; the admin endpoint's changes are refused.
+An https://HOST:PORT/PREFIX URL speaks TLS to etcd (--etcd-ca, --etcd-cert,
+--etcd-key, or CHASH_ETCD_CA, CHASH_ETCD_CERT, CHASH_ETCD_KEY).
 
 Signals: SIGHUP reopens the log file (-o) and re-reads the config file
 (servers and placement change live; only the changed servers' keys move);
