@@ -336,14 +336,20 @@ pub async fn connect(target: &EtcdTarget) -> Result<Client, EtcdError> {
 /// name the alert, not the fix).
 fn tls_hint(target: &EtcdTarget, why: &str) -> &'static str {
     let tls = target.tls.is_some();
-    if tls && (why.contains("BadCertificate") || why.contains("CertificateRequired")) {
+    let no_cert = target.tls.as_ref().is_some_and(|t| t.cert.is_none());
+    // TLS 1.3: a client certificate is checked after the client's side of
+    // the handshake is done, so its refusal may arrive as an alert or as
+    // the connection closed.
+    let refused = why.contains("BadCertificate") || why.contains("CertificateRequired");
+    let dropped = ["connection closed", "broken pipe", "connection reset"].iter().any(|w| why.contains(w));
+    if tls && (refused || (no_cert && dropped)) {
         " (etcd refused this client's certificate, or its absence: give --etcd-cert and --etcd-key, signed by a CA \
          etcd trusts)"
     } else if tls && why.contains("UnknownIssuer") {
         " (etcd's certificate does not chain to --etcd-ca, or to the system's roots without it)"
     } else if tls && why.contains("NotValidForName") {
         " (etcd's certificate does not name the host of the URL)"
-    } else if !tls && (why.contains("broken pipe") || why.contains("connection reset")) {
+    } else if !tls && dropped {
         " (does etcd serve TLS there? then write https://HOST:PORT/PREFIX)"
     } else {
         ""
