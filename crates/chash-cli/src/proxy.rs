@@ -874,7 +874,7 @@ impl Signals {
                     // operator greps for it whatever the level.
                     // Said before the reopen: the line ends the old file.
                     let reload = running.registry().shared().options.config_path.is_some();
-                    let also = if reload { " and reloading the config" } else { " and the TLS files (no config file to reload)" };
+                    let also = if reload { " and reloading the config" } else { " (no config file to reload) and reloading the TLS files" };
                     tracing::warn!("signal 1 (SIGHUP) received: reopening the log file{also}");
                     log.reopen();
                     if !reload {
