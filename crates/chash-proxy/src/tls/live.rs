@@ -10,7 +10,7 @@ use chash::PoolTls;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 
-use super::{acceptor, connector, Connector, TlsError};
+use super::build::{acceptor, connector, Connector, TlsError};
 
 /// Each overridden server's connector (`None`: plaintext to it), by ID.
 type PerServer = HashMap<String, Option<Arc<Connector>>>;
@@ -40,13 +40,22 @@ impl fmt::Debug for LiveTls {
 }
 
 /// Everything a set of settings loads to.
-pub(super) struct Loaded {
+struct Loaded {
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     connector: Option<Arc<Connector>>,
     servers: PerServer,
 }
 
-pub(super) fn load(settings: &PoolTls) -> Result<Loaded, TlsError> {
+/// Reads and checks every file a pool's TLS settings name (`chash proxy
+/// -t`, and a pool's start).
+///
+/// # Errors
+/// The first file that cannot be used.
+pub fn check(tls: &PoolTls) -> Result<(), TlsError> {
+    load(tls).map(|_| ())
+}
+
+fn load(settings: &PoolTls) -> Result<Loaded, TlsError> {
     let mut servers = HashMap::new();
     for id in settings.servers.keys() {
         let Some(one) = settings.for_server(id) else { continue };
@@ -60,7 +69,7 @@ impl LiveTls {
     /// Loads a pool's TLS files.
     ///
     /// # Errors
-    /// As [`check`](super::check).
+    /// As [`check`].
     pub(crate) fn new(settings: &PoolTls) -> Result<Arc<LiveTls>, TlsError> {
         let live = LiveTls {
             settings: Mutex::new(settings.clone()),
@@ -103,7 +112,7 @@ impl LiveTls {
     /// on an error the old ones stay.
     ///
     /// # Errors
-    /// As [`check`](super::check).
+    /// As [`check`].
     pub(crate) fn reload(&self) -> Result<(), TlsError> {
         let settings = self.settings().clone();
         let hash = files_hash(&settings);
@@ -123,7 +132,7 @@ impl LiveTls {
     /// of that is kept for a restart (and logged).
     ///
     /// # Errors
-    /// As [`check`](super::check); the old settings then stay.
+    /// As [`check`]; the old settings then stay.
     pub(crate) fn reconfigure(&self, pool: &str, new: &PoolTls) -> Result<(), TlsError> {
         let mut next = new.clone();
         {
