@@ -31,6 +31,8 @@ pub fn validate(text: &str, origin: &str) -> Result<Config> {
             pool.snapshot().with_context(|| format!("{origin}: pool {name:?}"))?;
         }
         chash_proxy::check_servers(&pool).with_context(|| origin.to_owned())?;
+        // The files a stored config names are read on each proxy's host;
+        // here they may not exist, so they are not read.
     }
     Ok(config)
 }

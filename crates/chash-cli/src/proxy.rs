@@ -369,11 +369,12 @@ fn load_text(text: &str, origin: &str) -> Result<Vec<PoolConfig>> {
     let config = Config::from_yaml(text).with_context(|| origin.to_owned())?;
     let mut pools = Vec::new();
     for (name, _) in &config.pools {
-        let pool = config.pool(Some(name))?;
+        let mut pool = config.pool(Some(name))?;
         if pool.distribution != chash::Distribution::Random {
             pool.snapshot().with_context(|| format!("{origin}: pool {name:?}"))?;
         }
         chash_proxy::check_servers(&pool).with_context(|| origin.to_owned())?;
+        chash_proxy::resolve_secrets(&mut pool).with_context(|| origin.to_owned())?;
         pools.push(pool);
     }
     Ok(pools)

@@ -63,6 +63,7 @@ pub use memcache::shard as embedded;
 pub use options::{ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER};
 pub use pool::{check_servers, Change, Pool, PoolError};
 pub use proxy::{start, PoolSpec, Running, StartError};
+pub use redis::access::resolve_secrets;
 pub use registry::{Invalid, MembershipStatus, PoolReload, Registry, ReloadError};
 pub use stats::{PoolSnapshot, ServerSnapshot};
 pub use tls::{check as check_tls, TlsError};

@@ -189,7 +189,9 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         Some(n) => Workers::start(n).map_err(StartError::Workers)?,
         None => Workers::current(),
     };
-    for spec in pools {
+    for mut spec in pools {
+        // Secrets named by file, read now (idempotent: a caller may have).
+        crate::redis::access::resolve_secrets(&mut spec.config).map_err(StartError::Pool)?;
         let speech = crate::protocols::of(&spec.config).speech(&spec.config);
         let pool = Pool::start(spec.config, spec.addresses, workers.clone(), speech).map_err(StartError::Pool)?;
         let listen = |addr: &str| -> Result<(TcpListener, SocketAddr), StartError> {

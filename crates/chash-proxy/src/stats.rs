@@ -73,6 +73,10 @@ counters! {
         client_overflows: Counter,
         /// Client connections closed for sending an HTTP request (a browser, or a request forgery aimed at the cache: nothing it sent was run).
         http_refused: Counter,
+        /// Redis AUTH (or HELLO AUTH) refused: a wrong user or password.
+        auth_failures: Counter,
+        /// Commands refused to a read-only user (NOPERM).
+        noperm: Counter,
         /// Client requests (a multi-key request counts once).
         requests: Counter,
         /// Client requests answered with an error.

@@ -51,25 +51,9 @@ impl Drop for TlsRedis {
     }
 }
 
-/// One RESP command on a plaintext connection; its reply's first line (and
-/// a bulk's value).
+/// One RESP command on a plaintext connection.
 fn cmd(addr: SocketAddr, args: &[&str]) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut out = format!("*{}\r\n", args.len());
-    for a in args {
-        out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-    }
-    s.write_all(out.as_bytes()).unwrap();
-    let mut r = BufReader::new(s);
-    let mut line = String::new();
-    r.read_line(&mut line).unwrap();
-    if line.starts_with('$') && !line.starts_with("$-1") {
-        let mut value = String::new();
-        r.read_line(&mut value).unwrap();
-        return value.trim_end().to_owned();
-    }
-    line.trim_end().to_owned()
+    support::redis_session(addr, &[args]).remove(0)
 }
 
 /// `redis-cli --tls` with `extra` flags: (exit status ok, what it printed).

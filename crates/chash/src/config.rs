@@ -138,6 +138,14 @@ pub struct PoolFile {
     /// pool half moved to TLS, a server with a name of its own. Placement
     /// is unchanged (the ID is the same).
     pub server_tls_overrides: Option<std::collections::BTreeMap<String, crate::pool_config::ServerTls>>,
+    /// chash (proxy, Redis pools): the user the proxy logs in to servers as.
+    pub server_user: Option<String>,
+    /// chash (proxy, Redis pools): its password.
+    pub server_password: Option<String>,
+    /// chash (proxy, Redis pools): a file holding it.
+    pub server_password_file: Option<String>,
+    /// chash (proxy, Redis pools): the users clients log in as.
+    pub users: Option<Vec<crate::pool_config::RedisUser>>,
 }
 
 /// A whole config file: pools in file order.
@@ -259,6 +267,12 @@ impl PoolFile {
         tls.server_verify = self.server_tls_verify.unwrap_or(true);
         tls.servers = self.server_tls_overrides.clone().unwrap_or_default();
         b = b.tls(tls);
+        let mut access = crate::pool_config::RedisAccess::default();
+        access.server_user.clone_from(&self.server_user);
+        access.server_password.clone_from(&self.server_password);
+        access.server_password_file.clone_from(&self.server_password_file);
+        access.users = self.users.clone().unwrap_or_default();
+        b = b.access(access);
         for line in &self.servers {
             b = b.server_line(line);
         }

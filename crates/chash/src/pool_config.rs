@@ -97,6 +97,78 @@ pub struct PoolConfig {
     pub drain: Vec<(String, u64)>,
     /// TLS to clients and to servers (file paths; the proxy reads them).
     pub tls: PoolTls,
+    /// Redis credentials: the proxy's own login to its servers and the
+    /// users clients log in as (`server_user`, `server_password`, `users`).
+    pub access: RedisAccess,
+}
+
+/// Who logs in where, in a Redis pool: the proxy to its servers
+/// (`server_user`, `server_password` or `server_password_file`; Redis 6
+/// ACLs, ElastiCache RBAC) and clients to the proxy (`users`), apart.
+/// Secrets named by file are read by the proxy (this library does no I/O).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisAccess {
+    /// The user the proxy logs in to its servers as (`server_user`;
+    /// default: `default`, Redis's user of a password alone).
+    pub server_user: Option<String>,
+    /// Its password (`server_password`).
+    pub server_password: Option<String>,
+    /// A file holding it instead (`server_password_file`; one line).
+    pub server_password_file: Option<String>,
+    /// The users clients `AUTH user pass` as (`users`).
+    pub users: Vec<RedisUser>,
+}
+
+/// A user clients log in to the proxy as.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct RedisUser {
+    /// Its name (`AUTH name password`).
+    pub name: String,
+    /// Its password.
+    pub password: Option<String>,
+    /// A file holding it instead (one line).
+    pub password_file: Option<String>,
+    /// Commands that change data are refused to it (`NOPERM`).
+    #[serde(default)]
+    pub readonly: bool,
+}
+
+impl RedisAccess {
+    /// Whether any of it is set.
+    pub fn is_set(&self) -> bool {
+        *self != RedisAccess::default()
+    }
+
+    /// Checks that the keys go together.
+    ///
+    /// # Errors
+    /// A password given both inline and by file (or a user with neither),
+    /// `server_user` without a password, a user named twice or not at all.
+    pub fn check(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::Config(msg));
+        if self.server_password.is_some() && self.server_password_file.is_some() {
+            return bad("server_password and server_password_file: give one of them".into());
+        }
+        if self.server_user.is_some() && self.server_password.is_none() && self.server_password_file.is_none() {
+            return bad("server_user needs server_password or server_password_file".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for user in &self.users {
+            if user.name.is_empty() || user.name.chars().any(|c| c.is_whitespace()) {
+                return bad(format!("users: {:?} is not a user name (one word)", user.name));
+            }
+            if !seen.insert(user.name.as_str()) {
+                return bad(format!("users: {} is named twice", user.name));
+            }
+            if user.password.is_some() == user.password_file.is_some() {
+                return bad(format!("users: {} needs one of password and password_file", user.name));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A pool's TLS settings as its config names them: PEM file paths, which
@@ -384,6 +456,7 @@ pub struct PoolBuilder {
     failover: Option<String>,
     drain: Vec<(String, u64)>,
     tls: PoolTls,
+    access: RedisAccess,
 }
 
 /// A setter for an optional builder field.
@@ -434,12 +507,19 @@ impl PoolBuilder {
             failover: None,
             drain: Vec::new(),
             tls: PoolTls::default(),
+            access: RedisAccess::default(),
         }
     }
 
     /// The pool's TLS settings (checked by [`PoolBuilder::build`]).
     pub fn tls(mut self, tls: PoolTls) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// The pool's Redis credentials (checked by [`PoolBuilder::build`]).
+    pub fn access(mut self, access: RedisAccess) -> Self {
+        self.access = access;
         self
     }
 
@@ -681,8 +761,15 @@ impl PoolBuilder {
             },
             drain: self.drain,
             tls: self.tls,
+            access: self.access,
         };
         pool.tls.check()?;
+        pool.access.check()?;
+        if pool.access.is_set() && !pool.redis {
+            return Err(Error::Config(
+                "server_user, server_password and users apply to Redis pools (redis is not true)".into(),
+            ));
+        }
         if pool.replicas == 0 {
             return Err(Error::Config("replicas: 0: every key needs at least one copy (the default is 1)".into()));
         }

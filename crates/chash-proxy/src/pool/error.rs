@@ -57,6 +57,14 @@ pub enum PoolError {
         /// Why.
         source: crate::tls::TlsError,
     },
+    /// A secret the pool's config names by file cannot be read
+    /// (`server_password_file`, a user's `password_file`).
+    Secret {
+        /// The pool.
+        pool: String,
+        /// Which and why.
+        why: String,
+    },
     /// A change that takes effect only after a restart (a new pool, a
     /// pool gone from the config).
     NeedsRestart {
@@ -91,6 +99,7 @@ impl fmt::Display for PoolError {
             ),
             PoolError::NeedsRestart { pool, what } => write!(f, "pool {pool:?}: {what}"),
             PoolError::Tls { pool, source } => write!(f, "pool {pool:?}: {source}"),
+            PoolError::Secret { pool, why } => write!(f, "pool {pool:?}: {why}"),
             PoolError::UnknownPool(pool) => write!(f, "no pool {pool:?}"),
             PoolError::Persist { pool, why } => {
                 write!(f, "pool {pool:?}: not changed, because the config file could not be updated: {why}")

@@ -34,7 +34,8 @@ impl RedisSession {
                     err(pool, format!("ERR this pool serves database {} only (redis_db)", pool.spec().redis_db))
                 }
             }
-            "AUTH" if args.len() == 2 || args.len() == 3 => self.auth(&args[args.len() - 1]),
+            "AUTH" if args.len() == 2 => self.auth(None, &args[1]),
+            "AUTH" if args.len() == 3 => self.auth(Some(&args[1]), &args[2]),
             "CLIENT" => self.client_command(cmd),
             "HELLO" => {
                 let mut i = 1;
@@ -52,7 +53,7 @@ impl RedisSession {
                 while i < args.len() {
                     match String::from_utf8_lossy(&args[i]).to_ascii_uppercase().as_str() {
                         "AUTH" if i + 2 < args.len() => {
-                            let reply = self.auth(&args[i + 2]);
+                            let reply = self.auth(Some(&args[i + 1]), &args[i + 2]);
                             if !self.authed {
                                 return reply;
                             }
@@ -141,22 +142,29 @@ impl RedisSession {
         }
     }
 
-    fn auth(&mut self, password: &[u8]) -> PendingReply {
-        let pool = &self.pool;
-        match &pool.spec().redis_auth {
-            None => err(
-                pool,
+    /// `AUTH [user] password`, against the pool's `redis_auth` (the
+    /// `default` user) and `users`.
+    fn auth(&mut self, user: Option<&[u8]>, password: &[u8]) -> PendingReply {
+        let config = self.pool.config();
+        if !super::access::needs_login(&config) {
+            return err(
+                &self.pool,
                 "ERR AUTH <password> called without any password configured for the default user. Are you sure \
                  your configuration is correct?"
                     .into(),
-            ),
-            Some(pw) if pw.as_bytes() == password => {
+            );
+        }
+        match super::access::login(&config, user, password) {
+            Some(login) => {
                 self.authed = true;
+                self.login = Some(login);
                 ready(b"+OK\r\n")
             }
-            Some(_) => {
-                self.authed = false;
-                err(pool, "WRONGPASS invalid username-password pair or user is disabled.".into())
+            None => {
+                // Redis keeps the connection's earlier login on a failed
+                // AUTH; so does the proxy.
+                self.pool.counters().auth_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                err(&self.pool, "WRONGPASS invalid username-password pair or user is disabled.".into())
             }
         }
     }

@@ -13,6 +13,9 @@ pub(crate) struct Spec {
     pub arity: i32,
     /// Whether it may block its connection.
     pub blocking: bool,
+    /// Whether it may change data (Redis's `write` flag): refused to
+    /// read-only users.
+    pub write: bool,
     /// Where its keys are.
     pub keys: &'static [KeySpec],
 }

@@ -17,6 +17,7 @@
 //! servers' RESP3 connections. Everything that cannot be routed by key is
 //! refused with an error naming the command and the reason.
 
+pub(crate) mod access;
 mod answers;
 pub(crate) mod command;
 #[rustfmt::skip]

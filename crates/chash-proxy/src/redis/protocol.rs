@@ -26,7 +26,7 @@ impl Protocol for Redis {
     fn speech(&self, config: &PoolConfig) -> Speech {
         Speech {
             protocol: self.name(),
-            dialects: dialects(config.redis_auth.as_deref(), config.redis_db),
+            dialects: dialects(super::access::server_login(config), config.redis_db),
             // A failed-over server must answer `PING`. Nothing is flushed
             // when it comes back: Redis keys are data, not a cache's.
             probe: Some(Setup {

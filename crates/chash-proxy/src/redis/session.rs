@@ -25,6 +25,9 @@ pub(crate) struct RedisSession {
     pub(super) requester: Requester,
     pub(super) limits: RespLimits,
     pub(super) authed: bool,
+    /// Who the client logged in as (`None`: not logged in, or a pool
+    /// without logins).
+    pub(super) login: Option<super::access::Login>,
     /// The rest of a refused command, dropped as it arrives.
     pub(super) skip: Option<Skip>,
     /// A transaction being queued (between `MULTI` and `EXEC`).
@@ -65,13 +68,14 @@ impl RedisSession {
             max_args: 1 << 20,
             max_bulk: shared.options.max_value(super::resp::DEFAULT_MAX_VALUE).max(512),
         };
-        let authed = pool.spec().redis_auth.is_none();
+        let authed = !super::access::needs_login(pool.spec());
         RedisSession {
             pool,
             shared,
             requester,
             limits,
             authed,
+            login: None,
             skip: None,
             tx: None,
             name: None,
@@ -122,6 +126,26 @@ impl Session for RedisSession {
 }
 
 impl RedisSession {
+    /// Redis's `NOPERM` for a command that may change data, asked by a
+    /// read-only user (its flags in the command table; scripts and
+    /// functions may write whatever their flags say, except the `_RO`
+    /// ones).
+    fn refused_to_readonly(&self, name: &str, cmd: &Command) -> Option<PendingReply> {
+        let writes = matches!(name, "EVAL" | "EVALSHA" | "FCALL")
+            || super::command::spec_of(&cmd.args).is_some_and(|spec| spec.write);
+        writes.then(|| {
+            self.pool.counters().noperm.fetch_add(1, Relaxed);
+            // Redis 7.0's wording (the installed redis-server's).
+            err(
+                &self.pool,
+                format!(
+                    "NOPERM this user has no permissions to run the '{}' command",
+                    String::from_utf8_lossy(&cmd.args[0]).to_ascii_lowercase()
+                ),
+            )
+        })
+    }
+
     /// An HTTP request on a Redis pool: closed at once, logged and counted,
     /// as redis-server does ("Possible SECURITY ATTACK detected").
     fn http_refused(&self) -> Step {
@@ -142,6 +166,14 @@ impl RedisSession {
         let name: &str = cmd.name_in(&mut name_buf);
         if !self.authed && !matches!(name, "AUTH" | "HELLO" | "QUIT") {
             return err(pool, "NOAUTH Authentication required.".into());
+        }
+        if self.login.as_ref().is_some_and(|l| l.readonly) {
+            if let Some(refused) = self.refused_to_readonly(name, &cmd) {
+                if let Some(tx) = self.tx.as_mut() {
+                    tx.refused = true;
+                }
+                return refused;
+            }
         }
         if self.tx.is_some() && !matches!(name, "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "QUIT") {
             return self.queue(name, cmd);

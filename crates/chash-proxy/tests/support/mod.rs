@@ -320,6 +320,16 @@ impl Redis {
         Redis { port, password: password.map(str::to_owned), child: Some(child) }
     }
 
+    /// With more arguments (ACL users: `--user NAME on >PW ...`).
+    pub fn start_with(extra: &[&str]) -> Redis {
+        let (port, child) = spawn_server(|p| {
+            let mut c = Redis::command(p, None);
+            c.args(extra);
+            c
+        });
+        Redis { port, password: None, child: Some(child) }
+    }
+
     /// On a given port (a restart): the port is this test's already.
     pub fn start_on(port: u16, password: Option<&str>) -> Redis {
         let child = Redis::command(port, password).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
@@ -536,4 +546,30 @@ pub fn run_script(script: &str, args: &[&str]) {
     let out = Command::new(python).arg(&path).args(args).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{script} failed:\n{text}");
+}
+
+/// RESP commands on one plaintext connection, in turn: each reply's first
+/// line (and a bulk's value), line ends trimmed.
+pub fn redis_session(addr: SocketAddr, commands: &[&[&str]]) -> Vec<String> {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut replies = Vec::new();
+    for args in commands {
+        let mut out = format!("*{}\r\n", args.len());
+        for a in *args {
+            out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        s.write_all(out.as_bytes()).unwrap();
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        if line.starts_with('$') && !line.starts_with("$-1") {
+            let mut value = String::new();
+            r.read_line(&mut value).unwrap();
+            replies.push(value.trim_end().to_owned());
+        } else {
+            replies.push(line.trim_end().to_owned());
+        }
+    }
+    replies
 }
