@@ -1,11 +1,14 @@
 //! Redis applications through the proxy unchanged (issue 27): logins per
-//! side (ACL users), against real redis-servers and redis-py.
+//! side (ACL users), commands over the whole keyspace (SCAN, KEYS, DBSIZE,
+//! FLUSHDB, INFO, ...), against real redis-servers, redis-py and
+//! redis-cli.
 
 mod support;
 
 use std::net::SocketAddr;
+use std::process::Command;
 
-use support::{run_script, Proxy, Redis};
+use support::{require, run_script, Proxy, Redis};
 
 /// Servers with the `default` user off and an ACL user of the proxy's
 /// own; clients logging in as a read-write and a read-only user of the
@@ -47,4 +50,37 @@ fn logins_on_both_sides() {
         assert!(keys >= 2, "{} holds {keys} keys", s.id());
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// SCAN and the other keyspace commands over 3 servers (redis-py, the
+/// script's assertions), `redis-cli --scan --pattern` listing every match
+/// once, and a membership change mid-scan refused with the restart error.
+#[test]
+fn the_keyspace_over_every_server() {
+    let servers = [Redis::start(None), Redis::start(None), Redis::start(None)];
+    let added = Redis::start(None);
+    let mut yml =
+        String::from("alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n  timeout: 5000\n  servers:\n");
+    for (i, s) in servers.iter().enumerate() {
+        yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
+    }
+    let proxy = Proxy::start(&yml);
+    // redis-cli's own scan loop, before the script flushes: 300 keys.
+    let keys: Vec<String> = (0..300).map(|i| format!("cli:{i}")).collect();
+    let mut session: Vec<Vec<&str>> = Vec::new();
+    session.extend(keys.iter().map(|k| vec!["SET", k.as_str(), "v"]));
+    let commands: Vec<&[&str]> = session.iter().map(Vec::as_slice).collect();
+    assert!(support::redis_session(proxy.addr, &commands).iter().all(|r| r == "+OK"));
+    let out = Command::new(require("redis-cli", "redis-tools"))
+        .args(["-h", "127.0.0.1", "-p", &proxy.addr.port().to_string(), "--scan", "--pattern", "cli:1*"])
+        .output()
+        .unwrap();
+    let mut listed: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+    listed.sort();
+    let mut expected: Vec<String> = keys.iter().filter(|k| k.starts_with("cli:1")).cloned().collect();
+    expected.sort();
+    assert_eq!(listed, expected, "redis-cli --scan: every match once");
+
+    let line = format!("{}:1 s4", added.id());
+    run_script("redis_keyspace.py", &[&proxy.addr.to_string(), &proxy.admin.to_string(), &line]);
 }

@@ -25,7 +25,6 @@ impl RedisSession {
             "QUIT" => ready(b"+OK\r\n"),
             // Enough for redis-cli: no command documentation to offer.
             "COMMAND" => ready(b"*0\r\n"),
-            "INFO" => ready_owned(bulk(info(pool, &self.shared).as_bytes())),
             "SELECT" if args.len() == 2 => {
                 if std::str::from_utf8(&args[1]).ok().and_then(|d| d.parse::<u32>().ok()) == Some(pool.spec().redis_db)
                 {
@@ -193,8 +192,9 @@ fn hello_reply(resp3: bool, id: usize) -> Bytes {
     frame.freeze()
 }
 
-/// The pool's counters in the format of Redis's `INFO`.
-fn info(pool: &Pool, shared: &Shared) -> String {
+/// The pool's counters in the format of Redis's `INFO` (its `# Proxy`
+/// section and `# Stats`).
+pub(super) fn info(pool: &Pool, shared: &Shared) -> String {
     use std::fmt::Write as _;
     let snap = pool.stats();
     let mut text = String::from("# Proxy\r\n");

@@ -46,6 +46,9 @@ pub(crate) enum Route {
     /// `SCRIPT LOAD`, `EXISTS` or `FLUSH`, `FUNCTION LOAD`, `DELETE` or
     /// `FLUSH`: to every server.
     Script,
+    /// About the whole keyspace: answered from every server
+    /// (`everywhere`).
+    Everywhere(super::everywhere::Every),
     /// Refused, with the reason.
     Refused(String),
     /// The arguments do not fit the command (Redis's arity error).
@@ -63,7 +66,10 @@ pub(crate) fn route(name: &str, args: &[Bytes]) -> Route {
     }
     let has = |word: &str| args[1..].iter().any(|a| a.eq_ignore_ascii_case(word.as_bytes()));
     match name {
-        "PING" | "ECHO" | "QUIT" | "COMMAND" | "INFO" | "SELECT" | "HELLO" | "AUTH" | "CLIENT" => return Route::Proxy,
+        "PING" | "ECHO" | "QUIT" | "COMMAND" | "SELECT" | "HELLO" | "AUTH" | "CLIENT" => return Route::Proxy,
+        "SCAN" | "KEYS" | "DBSIZE" | "RANDOMKEY" | "FLUSHDB" | "FLUSHALL" | "INFO" | "TIME" | "LASTSAVE" => {
+            return super::everywhere::Every::of(name).map_or(Route::Arity, Route::Everywhere)
+        }
         "MULTI" | "EXEC" | "DISCARD" | "UNWATCH" if args.len() != 1 => return Route::Arity,
         "WATCH" if args.len() < 2 => return Route::Arity,
         "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "UNWATCH" => return Route::Transaction,
@@ -227,7 +233,9 @@ mod tests {
         assert_eq!(r("OBJECT ENCODING k"), Route::Key(2));
         assert_eq!(r("MEMORY USAGE k"), Route::Key(2));
         assert!(matches!(r("EVAL s 0"), Route::Refused(_)));
-        assert!(matches!(r("KEYS *"), Route::Refused(_)));
+        assert_eq!(r("KEYS *"), Route::Everywhere(super::super::everywhere::Every::Keys));
+        assert_eq!(r("SCAN 0 MATCH a*"), Route::Everywhere(super::super::everywhere::Every::Scan));
+        assert!(matches!(r("MEMORY STATS"), Route::Refused(_)));
         assert!(matches!(r("NOSUCH"), Route::Refused(_)));
         assert_eq!(r("WATCH k"), Route::Transaction);
         assert_eq!(r("WATCH"), Route::Arity);

@@ -23,6 +23,7 @@ pub(crate) mod command;
 #[rustfmt::skip]
 pub(crate) mod commands;
 mod errors;
+mod everywhere;
 pub(crate) mod handshake;
 pub(crate) mod keyspec;
 pub(crate) mod protocol;

@@ -182,6 +182,7 @@ impl RedisSession {
             Route::Transaction => self.transaction(name, cmd).await,
             Route::Proxy => self.proxy_command(name, &cmd),
             Route::Script => self.script(cmd).await,
+            Route::Everywhere(what) => self.everywhere(what, cmd).await,
             Route::Arity => err(pool, arity(&String::from_utf8_lossy(&cmd.args[0]))),
             Route::Refused(why) => {
                 err(pool, format!("ERR '{}' is not supported by chash-proxy: {why}", cmd.name().to_ascii_lowercase()))
