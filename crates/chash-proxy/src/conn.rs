@@ -299,6 +299,10 @@ pub(crate) async fn serve<T, S>(
             }
         };
         drop(tx);
+        // Replies that wait on the server for ever (a blocked BLPOP) are
+        // given up, and their server connections closed, as Redis drops a
+        // blocked client that closes.
+        account.mark_gone();
         close
     };
     let (close, ()) = tokio::join!(reader, writer);

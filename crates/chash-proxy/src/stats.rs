@@ -77,6 +77,12 @@ counters! {
         auth_failures: Counter,
         /// Commands refused to a read-only user (NOPERM).
         noperm: Counter,
+        /// Redis clients blocked now (BLPOP, XREAD ... BLOCK, ...), each on a server connection of its own.
+        blocked_clients: Gauge,
+        /// Blocking commands sent (each on a server connection of its client's own).
+        blocking_commands: Counter,
+        /// Blocking commands refused: the server had blocking_connections clients blocked already.
+        blocking_refused: Counter,
         /// Client requests (a multi-key request counts once).
         requests: Counter,
         /// Client requests answered with an error.

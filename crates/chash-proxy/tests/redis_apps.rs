@@ -84,3 +84,271 @@ fn the_keyspace_over_every_server() {
     let line = format!("{}:1 s4", added.id());
     run_script("redis_keyspace.py", &[&proxy.addr.to_string(), &proxy.admin.to_string(), &line]);
 }
+
+/// A small RESP2 client of the test's own: a command, its whole reply.
+struct Resp {
+    w: std::net::TcpStream,
+    r: std::io::BufReader<std::net::TcpStream>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Value {
+    Ok(String),
+    Err(String),
+    Int(i64),
+    Bulk(Option<String>),
+    Array(Option<Vec<Value>>),
+}
+
+impl Resp {
+    fn connect(addr: SocketAddr) -> Resp {
+        let w = std::net::TcpStream::connect(addr).unwrap();
+        w.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+        let r = std::io::BufReader::new(w.try_clone().unwrap());
+        Resp { w, r }
+    }
+
+    fn send(&mut self, args: &[&str]) {
+        use std::io::Write as _;
+        let mut out = format!("*{}\r\n", args.len());
+        for a in args {
+            out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        self.w.write_all(out.as_bytes()).unwrap();
+    }
+
+    fn read(&mut self) -> Value {
+        use std::io::{BufRead as _, Read as _};
+        let mut line = String::new();
+        self.r.read_line(&mut line).unwrap();
+        let (kind, rest) = line.trim_end().split_at(1);
+        match kind {
+            "+" => Value::Ok(rest.to_owned()),
+            "-" => Value::Err(rest.to_owned()),
+            ":" => Value::Int(rest.parse().unwrap()),
+            "$" if rest == "-1" => Value::Bulk(None),
+            "$" => {
+                let mut data = vec![0u8; rest.parse::<usize>().unwrap() + 2];
+                self.r.read_exact(&mut data).unwrap();
+                Value::Bulk(Some(String::from_utf8_lossy(&data[..data.len() - 2]).into_owned()))
+            }
+            "*" if rest == "-1" => Value::Array(None),
+            "*" => Value::Array(Some((0..rest.parse::<usize>().unwrap()).map(|_| self.read()).collect())),
+            _ => panic!("unexpected reply {line:?}"),
+        }
+    }
+
+    fn cmd(&mut self, args: &[&str]) -> Value {
+        self.send(args);
+        self.read()
+    }
+}
+
+/// The number in field `field` of a server's `INFO clients`.
+fn server_info(port: u16, field: &str) -> i64 {
+    let mut c = Resp::connect(SocketAddr::from(([127, 0, 0, 1], port)));
+    let Value::Bulk(Some(text)) = c.cmd(&["INFO", "clients"]) else { panic!("INFO") };
+    let line = text.lines().find(|l| l.starts_with(&format!("{field}:"))).unwrap();
+    line.split(':').nth(1).unwrap().trim().parse().unwrap()
+}
+
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "not within 10 s: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+fn blocking_pool(servers: &[&Redis], extra: &str) -> String {
+    let mut yml =
+        format!("alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n  hash_tag: \"{{}}\"\n  timeout: 500\n{extra}  servers:\n");
+    for (i, s) in servers.iter().enumerate() {
+        yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
+    }
+    yml
+}
+
+/// A client that goes while blocked has its server connection closed at
+/// once (100 times): the server counts no blocked client, and the element
+/// pushed next is in the list, not handed to the gone client. A BRPOP's
+/// own timeout governs (2 s, over the pool's 500 ms). Keys on two servers
+/// get the hash-tag error.
+#[test]
+fn blocked_clients_that_go_lose_nothing() {
+    let servers = [Redis::start(None), Redis::start(None)];
+    let proxy = Proxy::start(&blocking_pool(&[&servers[0], &servers[1]], ""));
+    let mut c = Resp::connect(proxy.addr);
+    // Where {q} lives.
+    let owner = servers.iter().find(|s| {
+        c.cmd(&["SET", "{q}:probe", "x"]);
+        let mut d = Resp::connect(SocketAddr::from(([127, 0, 0, 1], s.port)));
+        d.cmd(&["EXISTS", "{q}:probe"]) == Value::Int(1)
+    });
+    let owner = owner.unwrap().port;
+    for round in 0..100 {
+        let mut blocked = Resp::connect(proxy.addr);
+        blocked.send(&["BRPOP", "{q}:jobs", "0"]);
+        wait_until(&format!("round {round}: the client is blocked on its server"), || {
+            server_info(owner, "blocked_clients") == 1
+        });
+        drop(blocked);
+        wait_until("the server drops the gone client", || server_info(owner, "blocked_clients") == 0);
+        let job = format!("job{round}");
+        assert_eq!(c.cmd(&["LPUSH", "{q}:jobs", &job]), Value::Int(1), "round {round}: nobody took it");
+        assert_eq!(c.cmd(&["RPOP", "{q}:jobs"]), Value::Bulk(Some(job)));
+    }
+    assert_eq!(proxy.handle.stats()[0].get("blocked_clients"), 0);
+
+    let started = std::time::Instant::now();
+    assert_eq!(c.cmd(&["BRPOP", "{q}:empty", "2"]), Value::Array(None), "nil after its own timeout");
+    let took = started.elapsed();
+    assert!(took >= std::time::Duration::from_millis(1900), "not before its 2 s: {took:?}");
+    assert!(took < std::time::Duration::from_secs(10), "{took:?}");
+    // Served on a connection that was blocked before: kept, clean.
+    c.cmd(&["LPUSH", "{q}:jobs", "j"]);
+    assert_eq!(c.cmd(&["BLMOVE", "{q}:jobs", "{q}:processing", "RIGHT", "LEFT", "1"]), Value::Bulk(Some("j".into())));
+    assert_eq!(c.cmd(&["LLEN", "{q}:processing"]), Value::Int(1));
+
+    let apart = (0..100).map(|i| format!("k{i}")).find(|k| {
+        c.cmd(&["SET", k, "x"]);
+        let mut d = Resp::connect(SocketAddr::from(([127, 0, 0, 1], owner)));
+        d.cmd(&["EXISTS", k]) == Value::Int(0)
+    });
+    let apart = apart.unwrap();
+    let Value::Err(e) = c.cmd(&["BLPOP", "{q}:jobs", &apart, "1"]) else { panic!("keys on two servers") };
+    assert!(e.contains("different servers") && e.contains("hash tag"), "{e}");
+}
+
+/// At `blocking_connections`, one more blocked client gets the error at
+/// once, naming the key; other clients' requests are served meanwhile
+/// (500 clients blocked on one server under a larger cap).
+#[test]
+fn the_blocking_cap_and_other_clients() {
+    let server = Redis::start(None);
+    let proxy = Proxy::start(&blocking_pool(&[&server], "  blocking_connections: 3\n"));
+    let mut held: Vec<Resp> = (0..3)
+        .map(|i| {
+            let mut b = Resp::connect(proxy.addr);
+            b.send(&["BLPOP", &format!("wait{i}"), "0"]);
+            b
+        })
+        .collect();
+    wait_until("3 blocked", || server_info(server.port, "blocked_clients") == 3);
+    let mut c = Resp::connect(proxy.addr);
+    let Value::Err(e) = c.cmd(&["BLPOP", "wait9", "0"]) else { panic!("over the cap") };
+    assert!(e.contains("blocking_connections") && e.contains("3 clients are blocked"), "{e}");
+    assert_eq!(c.cmd(&["SET", "k", "v"]), Value::Ok("OK".into()));
+    // One unblocks: its place is free again.
+    assert_eq!(c.cmd(&["LPUSH", "wait0", "x"]), Value::Int(1));
+    assert_eq!(
+        held[0].read(),
+        Value::Array(Some(vec![Value::Bulk(Some("wait0".into())), Value::Bulk(Some("x".into()))]))
+    );
+    held[0].send(&["BLPOP", "wait0", "0"]);
+    wait_until("blocked again", || server_info(server.port, "blocked_clients") == 3);
+    assert_eq!(proxy.handle.stats()[0].get("blocking_refused"), 1);
+    drop(held);
+    drop(proxy);
+
+    let proxy = Proxy::start(&blocking_pool(&[&server], "  blocking_connections: 600\n"));
+    let held: Vec<Resp> = (0..500)
+        .map(|i| {
+            let mut b = Resp::connect(proxy.addr);
+            b.send(&["BLPOP", &format!("many{i}"), "0"]);
+            b
+        })
+        .collect();
+    wait_until("500 blocked", || server_info(server.port, "blocked_clients") == 500);
+    let mut c = Resp::connect(proxy.addr);
+    for i in 0..1000 {
+        assert_eq!(c.cmd(&["GET", "k"]), Value::Bulk(Some("v".into())), "GET {i} with 500 clients blocked");
+    }
+    drop(held);
+    wait_until("all 500 let go", || server_info(server.port, "blocked_clients") == 0);
+}
+
+/// The reliable-queue pattern: 10 producers LPUSH 50,000 jobs, 10
+/// consumers BLMOVE each into a processing list of their own and, in one
+/// transaction, take it off and count it done. Consumers drop their
+/// connection (as if killed) right after asking, 100 times: a job moved
+/// meanwhile stays in that processing list, from which it is put back.
+/// Every job is done exactly once.
+#[test]
+fn a_reliable_queue_processes_every_job_once() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const JOBS: usize = 50_000;
+    let servers = [Redis::start(None), Redis::start(None)];
+    let proxy = Proxy::start(&blocking_pool(&[&servers[0], &servers[1]], ""));
+    let addr = proxy.addr;
+    let kills = std::sync::Arc::new(AtomicUsize::new(0));
+    let producers: Vec<_> = (0..10)
+        .map(|p| {
+            std::thread::spawn(move || {
+                let mut c = Resp::connect(addr);
+                for chunk in (0..JOBS / 10).collect::<Vec<_>>().chunks(500) {
+                    for j in chunk {
+                        c.send(&["LPUSH", "{jobs}:queue", &format!("job:{p}:{j}")]);
+                    }
+                    for _ in chunk {
+                        assert!(matches!(c.read(), Value::Int(_)));
+                    }
+                }
+            })
+        })
+        .collect();
+    let consumers: Vec<_> = (0..10)
+        .map(|n| {
+            let kills = kills.clone();
+            std::thread::spawn(move || {
+                let processing = format!("{{jobs}}:processing:{n}");
+                let mut c = Resp::connect(addr);
+                let mut idle = 0;
+                let mut asked = 0u64;
+                while idle < 3 {
+                    asked += 1;
+                    c.send(&["BLMOVE", "{jobs}:queue", &processing, "RIGHT", "LEFT", "1"]);
+                    if asked % 97 == (n as u64) && kills.fetch_add(1, Ordering::SeqCst) < 100 {
+                        // Killed while blocked (or with a job on its way).
+                        c = Resp::connect(addr);
+                        continue;
+                    }
+                    let job = match c.read() {
+                        Value::Bulk(job) => job,
+                        Value::Array(None) => None,
+                        other => panic!("BLMOVE: {other:?}"),
+                    };
+                    let Some(job) = job else {
+                        idle += 1;
+                        continue;
+                    };
+                    idle = 0;
+                    c.send(&["MULTI"]);
+                    c.send(&["LREM", &processing, "1", &job]);
+                    c.send(&["HINCRBY", "{jobs}:done", &job, "1"]);
+                    c.send(&["EXEC"]);
+                    for _ in 0..3 {
+                        c.read();
+                    }
+                    assert!(matches!(c.read(), Value::Array(Some(_))), "EXEC");
+                }
+            })
+        })
+        .collect();
+    for t in producers.into_iter().chain(consumers) {
+        t.join().unwrap();
+    }
+    let mut c = Resp::connect(addr);
+    // Jobs left in processing lists (their consumer went): back to work.
+    for n in 0..10 {
+        let processing = format!("{{jobs}}:processing:{n}");
+        while let Value::Bulk(Some(job)) = c.cmd(&["RPOP", &processing]) {
+            c.cmd(&["HINCRBY", "{jobs}:done", &job, "1"]);
+        }
+    }
+    assert_eq!(c.cmd(&["LLEN", "{jobs}:queue"]), Value::Int(0));
+    assert_eq!(c.cmd(&["HLEN", "{jobs}:done"]), Value::Int(JOBS as i64), "every job done");
+    let Value::Array(Some(counts)) = c.cmd(&["HVALS", "{jobs}:done"]) else { panic!("HVALS") };
+    assert!(counts.iter().all(|v| *v == Value::Bulk(Some("1".into()))), "each once");
+    assert!(kills.load(Ordering::SeqCst) >= 100, "100 consumers killed");
+}

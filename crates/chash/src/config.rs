@@ -68,6 +68,10 @@ pub struct PoolFile {
     pub auto_eject_hosts: Option<bool>,
     /// Connections per server (twemproxy: 1).
     pub server_connections: Option<u32>,
+    /// chash (proxy, Redis pools): the most clients blocked at once
+    /// (`BLPOP`, `XREAD ... BLOCK`, ...) per server, each on a server
+    /// connection of its own (default 64; 0 refuses blocking commands).
+    pub blocking_connections: Option<u32>,
     /// Milliseconds before an ejected server is retried (twemproxy: 30000).
     pub server_retry_timeout: Option<u64>,
     /// Consecutive failures that eject a server (twemproxy: 2).
@@ -240,6 +244,7 @@ impl PoolFile {
         b = set(b, &self.preconnect, PoolBuilder::preconnect);
         b = set(b, &self.auto_eject_hosts, PoolBuilder::auto_eject_hosts);
         b = set(b, &self.server_connections, PoolBuilder::server_connections);
+        b = set(b, &self.blocking_connections, PoolBuilder::blocking_connections);
         b = set(b, &self.server_retry_timeout, PoolBuilder::server_retry_timeout_ms);
         b = set(b, &self.server_failure_limit, PoolBuilder::server_failure_limit);
         b = set(b, &self.vnodes, PoolBuilder::vnodes);

@@ -69,6 +69,10 @@ pub struct PoolConfig {
     pub auto_eject_hosts: bool,
     /// Connections per server (`server_connections`; default 1).
     pub server_connections: u32,
+    /// Redis: the most clients blocked at once per server, each on a
+    /// server connection of its own (`blocking_connections`; default 64;
+    /// 0: blocking commands refused).
+    pub blocking_connections: u32,
     /// How long an ejected server stays out (`server_retry_timeout`; default 30 s).
     pub server_retry_timeout: Duration,
     /// Consecutive failures that eject a server (`server_failure_limit`; default 2).
@@ -170,6 +174,10 @@ impl RedisAccess {
         Ok(())
     }
 }
+
+/// Redis clients blocked at once per server, by default
+/// (`blocking_connections`).
+pub const DEFAULT_BLOCKING_CONNECTIONS: u32 = 64;
 
 /// A pool's TLS settings as its config names them: PEM file paths, which
 /// the proxy reads and checks (this library does no I/O).
@@ -445,6 +453,7 @@ pub struct PoolBuilder {
     preconnect: Option<bool>,
     auto_eject_hosts: Option<bool>,
     server_connections: Option<u32>,
+    blocking_connections: Option<u32>,
     server_retry_timeout_ms: Option<u64>,
     server_failure_limit: Option<u32>,
     tcpkeepalive: Option<bool>,
@@ -496,6 +505,7 @@ impl PoolBuilder {
             preconnect: None,
             auto_eject_hosts: None,
             server_connections: None,
+            blocking_connections: None,
             server_retry_timeout_ms: None,
             server_failure_limit: None,
             tcpkeepalive: None,
@@ -600,6 +610,10 @@ impl PoolBuilder {
         server_connections: u32
     );
     setter!(
+        /// `blocking_connections` (Redis pools).
+        blocking_connections: u32
+    );
+    setter!(
         /// `server_retry_timeout` in milliseconds.
         server_retry_timeout_ms: u64
     );
@@ -693,6 +707,9 @@ impl PoolBuilder {
         if self.warmup_secs.is_some_and(|w| w > 0) && self.redis == Some(true) {
             return Err(Error::Config("warmup applies to memcached pools (redis is true)".into()));
         }
+        if self.blocking_connections.is_some() && self.redis != Some(true) {
+            return Err(Error::Config("blocking_connections applies to Redis pools (redis is not true)".into()));
+        }
         if self.redis_db.is_some_and(|db| db > 0) && self.redis != Some(true) {
             return Err(Error::Config("redis_db is set but redis is not true".into()));
         }
@@ -741,6 +758,7 @@ impl PoolBuilder {
             preconnect: self.preconnect.unwrap_or(false),
             auto_eject_hosts: self.auto_eject_hosts.unwrap_or(false),
             server_connections: self.server_connections.unwrap_or(1).max(1),
+            blocking_connections: self.blocking_connections.unwrap_or(DEFAULT_BLOCKING_CONNECTIONS),
             server_retry_timeout: Duration::from_millis(self.server_retry_timeout_ms.unwrap_or(30_000)),
             server_failure_limit: self.server_failure_limit.unwrap_or(2).max(1),
             tcpkeepalive: self.tcpkeepalive.unwrap_or(false),

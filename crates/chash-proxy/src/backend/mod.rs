@@ -41,6 +41,17 @@ use crate::stats::{described, Desc, Histogram, HistogramValues, PerWorker, Serve
 use crate::workers::Workers;
 use request::{Delivered, Job};
 
+/// A client's place among those blocked on a server
+/// ([`Server::try_block`]), given back when dropped.
+#[derive(Debug)]
+pub struct Blocked(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Blocked {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
+
 /// A submitted request's reply.
 pub struct Pending {
     rx: oneshot::Receiver<Result<Delivered, BackendError>>,
@@ -58,6 +69,8 @@ pub struct Server {
     latency: Arc<PerWorker<Histogram>>,
     /// What its connections are made with (for pinned ones).
     settings: BackendSettings,
+    /// Clients blocked on it now, each on a pinned connection.
+    blocked: Arc<std::sync::atomic::AtomicUsize>,
     /// Idle pinned connections, clean (nothing watched), by dialect.
     idle: Mutex<Vec<Vec<mpsc::Sender<Job>>>>,
     /// Counters of events that are not per request.
@@ -136,6 +149,7 @@ impl Server {
             counters,
             latency,
             settings: settings.clone(),
+            blocked: Arc::default(),
             idle,
             events: ServerEvents::default(),
         })
@@ -218,7 +232,8 @@ impl Server {
         self.enqueue(&queues[requester.affinity % queues.len()], data, framing, frames, requester).await
     }
 
-    /// Queues a request on one connection's queue.
+    /// Queues a request on one connection's queue, to be answered by the
+    /// pool's timeout.
     async fn enqueue(
         &self,
         queue: &mpsc::Sender<Job>,
@@ -227,6 +242,21 @@ impl Server {
         frames: usize,
         requester: &Requester,
     ) -> Pending {
+        let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
+        self.enqueue_until(queue, data, framing, frames, requester, deadline).await
+    }
+
+    /// Queues a request, to be answered by `deadline` (`None`: whenever
+    /// the server answers).
+    async fn enqueue_until(
+        &self,
+        queue: &mpsc::Sender<Job>,
+        data: Bytes,
+        framing: &'static dyn Framing,
+        frames: usize,
+        requester: &Requester,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Pending {
         let (tx, rx) = oneshot::channel();
         let c = self.counters();
         let len = data.len() as u64;
@@ -234,7 +264,6 @@ impl Server {
         c.request_bytes.fetch_add(len, Relaxed);
         c.in_queue.fetch_add(1, Relaxed);
         c.in_queue_bytes.fetch_add(len, Relaxed);
-        let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
         let job = Job { data, framing, frames: frames.max(1), reply: tx, account: requester.account.clone(), deadline };
         if let Err(mpsc::error::SendError(job)) = queue.send(job).await {
             connection::fail(c, job, &BackendError::Gone);
@@ -293,6 +322,39 @@ impl Server {
         requester: &Requester,
     ) -> Pending {
         self.enqueue(&pinned.tx, data, framing, frames, requester).await
+    }
+
+    /// A blocking command (`BLPOP`, `XREAD ... BLOCK`, ...) on a pinned
+    /// connection: answered when the server answers, or by `wait` (the
+    /// command's own timeout) plus the pool's timeout; `wait` `None` (a
+    /// timeout of 0): whenever the server answers.
+    pub async fn submit_blocking(
+        &self,
+        pinned: &Pinned,
+        data: Bytes,
+        framing: &'static dyn Framing,
+        requester: &Requester,
+        wait: Option<Duration>,
+    ) -> Pending {
+        let grace = self.timeout.unwrap_or(Duration::from_secs(1));
+        let deadline = wait.map(|w| tokio::time::Instant::now() + w + grace);
+        self.enqueue_until(&pinned.tx, data, framing, 1, requester, deadline).await
+    }
+
+    /// A place among the clients blocked on this server, if fewer than
+    /// `cap` are; given back when dropped.
+    pub fn try_block(&self, cap: usize) -> Option<Blocked> {
+        let n = self.blocked.fetch_add(1, Relaxed);
+        if n >= cap {
+            self.blocked.fetch_sub(1, Relaxed);
+            return None;
+        }
+        Some(Blocked(self.blocked.clone()))
+    }
+
+    /// Clients blocked on this server now.
+    pub fn blocked(&self) -> usize {
+        self.blocked.load(Relaxed)
     }
 
     /// Waits for a submitted request's reply and records the outcome.

@@ -114,6 +114,10 @@ pub struct ReplyAccount {
     held: AtomicUsize,
     limit: usize,
     overflowed: AtomicBool,
+    /// The client stopped reading (closed its side, or its connection
+    /// failed): replies it waits for that may never come (a blocked
+    /// command's) are given up.
+    gone: AtomicBool,
     notify: tokio::sync::Notify,
 }
 
@@ -124,6 +128,7 @@ impl ReplyAccount {
             held: AtomicUsize::new(0),
             limit: limit.max(1),
             overflowed: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
             notify: tokio::sync::Notify::new(),
         })
     }
@@ -143,6 +148,24 @@ impl ReplyAccount {
         loop {
             let notified = self.notify.notified();
             if self.is_overflowed() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// The client is gone: wakes what waits in [`ReplyAccount::gone`].
+    pub fn mark_gone(&self) {
+        if !self.gone.swap(true, Relaxed) {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Resolves once the client is gone.
+    pub async fn gone(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.gone.load(Relaxed) {
                 return;
             }
             notified.await;

@@ -49,6 +49,10 @@ pub(crate) enum Route {
     /// About the whole keyspace: answered from every server
     /// (`everywhere`).
     Everywhere(super::everywhere::Every),
+    /// A blocking command (`BLPOP`, `XREAD ... BLOCK`, ...) on a server
+    /// connection of the client's own, to the server of these keys (all
+    /// on one).
+    Blocking(Vec<usize>),
     /// Refused, with the reason.
     Refused(String),
     /// The arguments do not fit the command (Redis's arity error).
@@ -102,12 +106,13 @@ pub(crate) fn route(name: &str, args: &[Bytes]) -> Route {
     if !spec.fits(args.len()) {
         return Route::Arity;
     }
-    if name == "XREAD" || name == "XREADGROUP" {
-        if has("BLOCK") {
-            return Route::Refused("with BLOCK it would hold a server connection other clients share".into());
-        }
-    } else if spec.blocking {
-        return Route::Refused("a blocking command would hold a server connection other clients share".into());
+    let blocking = if name == "XREAD" || name == "XREADGROUP" { has("BLOCK") } else { spec.blocking };
+    if blocking {
+        return match spec.key_positions(args) {
+            None => Route::Arity,
+            Some(keys) if keys.is_empty() => Route::Arity,
+            Some(keys) => Route::Blocking(keys),
+        };
     }
     // SORT's patterns: keys its specs cannot locate.
     if spec.has_unknown_keys() && (has("BY") || has("GET")) {
@@ -132,6 +137,8 @@ pub(crate) fn keys_of(route: &Route, argc: usize) -> Option<Vec<usize>> {
         Route::Key(k) => Some(vec![*k]),
         Route::Keys(k) => Some(k.clone()),
         Route::Split { step, .. } => Some((1..argc).step_by(*step).collect()),
+        // In a transaction a blocking command does not block (as in Redis).
+        Route::Blocking(k) => Some(k.clone()),
         _ => None,
     }
 }
@@ -226,9 +233,14 @@ mod tests {
         assert!(matches!(r("FUNCTION DUMP"), Route::Refused(_)));
         assert_eq!(r("SORT k LIMIT 0 1"), Route::Keys(vec![1]));
         assert!(matches!(r("SORT k BY w_*"), Route::Refused(_)));
-        assert!(matches!(r("BLPOP l 0"), Route::Refused(_)));
+        assert_eq!(r("BLPOP l 0"), Route::Blocking(vec![1]));
+        assert_eq!(r("BLPOP a b 0"), Route::Blocking(vec![1, 2]));
+        assert_eq!(r("BLMOVE a b LEFT RIGHT 0"), Route::Blocking(vec![1, 2]));
+        assert_eq!(r("BLMPOP 0 2 a b LEFT"), Route::Blocking(vec![3, 4]));
+        assert_eq!(r("BZPOPMIN z 1.5"), Route::Blocking(vec![1]));
+        assert_eq!(r("XREAD BLOCK 0 STREAMS s t 0 0"), Route::Blocking(vec![4, 5]));
+        assert_eq!(r("BLPOP l"), Route::Arity);
         assert_eq!(r("XREAD COUNT 1 STREAMS s 0"), Route::Keys(vec![4]));
-        assert!(matches!(r("XREAD BLOCK 0 STREAMS s 0"), Route::Refused(_)));
         assert_eq!(r("XGROUP CREATE s g $"), Route::Key(2));
         assert_eq!(r("OBJECT ENCODING k"), Route::Key(2));
         assert_eq!(r("MEMORY USAGE k"), Route::Key(2));
@@ -279,4 +291,27 @@ mod tests {
         assert!(table.windows(2).all(|w| w[0].name < w[1].name));
         assert!(table.len() > 200);
     }
+}
+
+/// How long a blocking command may block, as it says; `None`: for ever
+/// (a timeout of 0), or a timeout that does not parse or is negative (the
+/// server answers that with its error at once).
+pub(crate) fn blocking_wait(name: &str, args: &[Bytes]) -> Option<std::time::Duration> {
+    let text = |b: &Bytes| std::str::from_utf8(b).ok().map(str::to_owned);
+    let (value, millis) = match name {
+        "XREAD" | "XREADGROUP" => {
+            let at = args.iter().position(|a| a.eq_ignore_ascii_case(b"BLOCK"))?;
+            (text(args.get(at + 1)?)?, true)
+        }
+        "BLMPOP" | "BZMPOP" => (text(args.get(1)?)?, false),
+        _ => (text(args.last()?)?, false),
+    };
+    let n: f64 = value.parse().ok()?;
+    if !n.is_finite() || n <= 0.0 {
+        return None;
+    }
+    Some(
+        std::time::Duration::from_secs_f64(if millis { n / 1000.0 } else { n })
+            .min(std::time::Duration::from_secs(1 << 40)),
+    )
 }

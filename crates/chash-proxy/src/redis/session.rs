@@ -59,6 +59,23 @@ struct Transaction {
     bytes: usize,
 }
 
+/// A client counted in `blocked_clients` while it lives (its reply
+/// given, or given up).
+struct BlockedClient(Arc<Pool>);
+
+impl BlockedClient {
+    fn new(pool: Arc<Pool>) -> BlockedClient {
+        pool.counters().blocked_clients.fetch_add(1, Relaxed);
+        BlockedClient(pool)
+    }
+}
+
+impl Drop for BlockedClient {
+    fn drop(&mut self) {
+        self.0.counters().blocked_clients.fetch_sub(1, Relaxed);
+    }
+}
+
 /// The most commands (and bytes) a transaction queues in the proxy.
 const MAX_TRANSACTION: usize = 100_000;
 
@@ -195,35 +212,89 @@ impl RedisSession {
                 let key = cmd.args[positions[0]].clone();
                 self.forward(&key, cmd).await
             }
-            Route::Keys(positions) => {
-                let state = pool.state();
-                let mut server: Option<Arc<Server>> = None;
-                for p in positions {
-                    let Some(s) = state.server_for(&cmd.args[p]) else {
-                        return ready_owned(forward_error(pool, "ERR no live server in pool".into()));
-                    };
-                    match &server {
-                        Some(first) if !Arc::ptr_eq(first, s) => {
-                            return err(
-                                pool,
-                                format!(
-                                    "ERR '{}' keys are on different servers; keys used together need a common hash \
-                                     tag such as {{user:1}} (pool hash_tag)",
-                                    name.to_ascii_lowercase()
-                                ),
-                            );
-                        }
-                        _ => server = Some(s.clone()),
-                    }
-                }
-                drop(state);
-                match server {
-                    Some(s) => self.send(s, cmd).await,
-                    None => err(pool, arity(name)),
-                }
-            }
+            Route::Keys(positions) => match self.server_of_all(name, &cmd, &positions) {
+                Ok(server) => self.send(server, cmd).await,
+                Err(refused) => refused,
+            },
+            Route::Blocking(positions) => match self.server_of_all(name, &cmd, &positions) {
+                Ok(server) => self.blocking(server, name, cmd).await,
+                Err(refused) => refused,
+            },
             Route::Split { step, gather } => self.split(cmd, 1, step, gather).await,
         }
+    }
+
+    /// The one server the keys at `positions` are on; or the error: keys
+    /// on several servers (the hash-tag advice), no live server.
+    fn server_of_all(&self, name: &str, cmd: &Command, positions: &[usize]) -> Result<Arc<Server>, PendingReply> {
+        let pool = &self.pool;
+        let state = pool.state();
+        let mut server: Option<&Arc<Server>> = None;
+        for &p in positions {
+            let Some(s) = state.server_for(&cmd.args[p]) else {
+                return Err(ready_owned(forward_error(pool, "ERR no live server in pool".into())));
+            };
+            match server {
+                Some(first) if !Arc::ptr_eq(first, s) => {
+                    return Err(err(
+                        pool,
+                        format!(
+                            "ERR '{}' keys are on different servers; keys used together need a common hash tag such \
+                             as {{user:1}} (pool hash_tag)",
+                            name.to_ascii_lowercase()
+                        ),
+                    ));
+                }
+                _ => server = Some(s),
+            }
+        }
+        server.cloned().ok_or_else(|| err(pool, arity(name)))
+    }
+
+    /// A blocking command, on a server connection of the client's own
+    /// (one of the server's `blocking_connections`), answered when the
+    /// server answers: the command's own timeout governs. A client that
+    /// goes while blocked has that connection closed at once, so the
+    /// server does not hand it an element; after the reply the connection
+    /// is clean and kept for the next blocked client.
+    async fn blocking(&self, server: Arc<Server>, name: &str, cmd: Command) -> PendingReply {
+        let pool = &self.pool;
+        let cap = pool.spec().blocking_connections as usize;
+        let Some(place) = server.try_block(cap) else {
+            pool.counters().blocking_refused.fetch_add(1, Relaxed);
+            return err(
+                pool,
+                format!(
+                    "ERR chash-proxy: {cap} clients are blocked on server {} already, its limit (pool key \
+                     blocking_connections): retry later, or raise the limit",
+                    server.id()
+                ),
+            );
+        };
+        let wait = super::command::blocking_wait(name, &cmd.args);
+        let pinned = server.pin(&self.requester);
+        let pending = server.submit_blocking(&pinned, cmd.wire(), STREAMED, &self.requester, wait).await;
+        let pool = pool.clone();
+        let account = self.requester.account.clone();
+        pool.counters().blocking_commands.fetch_add(1, Relaxed);
+        let counted = BlockedClient::new(pool.clone());
+        Box::pin(async move {
+            let _held = (place, counted);
+            tokio::select! {
+                biased;
+                reply = server.finish(pending) => Some(match reply {
+                    Ok(Reply::Whole(frame)) => {
+                        server.release(pinned);
+                        Out::Bytes(frame)
+                    }
+                    Ok(Reply::Stream(stream)) => Out::Stream(stream),
+                    Err(e) => Out::Bytes(forward_error(&pool, format!("ERR backend {} {e}", server.id()))),
+                }),
+                // Dropping the connection closes it: the server drops the
+                // blocked client with it.
+                () = account.gone() => None,
+            }
+        })
     }
 
     /// `SCRIPT LOAD`, `EXISTS` or `FLUSH` on every server: the same SHA
