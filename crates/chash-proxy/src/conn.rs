@@ -62,6 +62,9 @@ pub(crate) fn nothing() -> PendingReply {
 pub(crate) enum Step {
     /// A request was taken; this is its reply.
     Reply(PendingReply),
+    /// A request was taken; its reply goes another way (a subscribed
+    /// client's: on the stream of its subscription).
+    Taken,
     /// More bytes are needed.
     More,
     /// The connection ends after this reply (if any); `error`: because the
@@ -284,6 +287,7 @@ pub(crate) async fn serve<T, S>(
                 }
                 let (reply, close) = match session.next(&mut buf).await {
                     Step::More => break,
+                    Step::Taken => (None, None),
                     Step::Reply(reply) => (Some(reply), None),
                     Step::Close { reply, error } => (reply, Some(if error { Close::Error } else { Close::Eof })),
                 };

@@ -83,6 +83,14 @@ counters! {
         blocking_commands: Counter,
         /// Blocking commands refused: the server had blocking_connections clients blocked already.
         blocking_refused: Counter,
+        /// Pub/sub messages the proxy's subscriptions received from servers (each fanned out to its listeners).
+        pubsub_messages: Counter,
+        /// Pub/sub clients disconnected for letting too many unread messages pile up.
+        pubsub_slow_clients: Counter,
+        /// Subscriptions moved to a channel's new server after a membership change.
+        pubsub_moves: Counter,
+        /// Pub/sub links to servers lost (and made again).
+        pubsub_link_losses: Counter,
         /// Client requests (a multi-key request counts once).
         requests: Counter,
         /// Client requests answered with an error.

@@ -352,3 +352,98 @@ fn a_reliable_queue_processes_every_job_once() {
     assert!(counts.iter().all(|v| *v == Value::Bulk(Some("1".into()))), "each once");
     assert!(kills.load(Ordering::SeqCst) >= 100, "100 consumers killed");
 }
+
+/// Pub/sub through two proxies of the same servers (redis-py, RESP2 and
+/// RESP3; the script's assertions): 10,000 messages over 50 channels and
+/// 2 patterns, each delivered once and in order, also while a server is
+/// added.
+#[test]
+fn pubsub_across_proxies() {
+    let servers = [Redis::start(None), Redis::start(None), Redis::start(None)];
+    let added = Redis::start(None);
+    let mut yml =
+        String::from("alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n  timeout: 5000\n  servers:\n");
+    for (i, s) in servers.iter().enumerate() {
+        yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
+    }
+    let (subs, publisher) = (Proxy::start(&yml), Proxy::start(&yml));
+    let line = format!("{}:1 s4", added.id());
+    run_script(
+        "redis_pubsub.py",
+        &[
+            &subs.addr.to_string(),
+            &publisher.addr.to_string(),
+            &subs.admin.to_string(),
+            &publisher.admin.to_string(),
+            &line,
+            &added.port.to_string(),
+        ],
+    );
+    assert!(subs.handle.stats()[0].get("pubsub_moves") > 0, "subscriptions followed their channels");
+}
+
+/// 1,000 subscribers of one channel through one proxy: each gets every
+/// message, and the server counts one subscriber (the proxy's). RESP2
+/// subscribed-state rules: only (un)subscribing, PING, QUIT and RESET.
+#[test]
+fn a_thousand_subscribers_cost_the_server_one() {
+    let server = Redis::start(None);
+    let proxy = Proxy::start(&blocking_pool(&[&server], ""));
+    let mut clients: Vec<Resp> = (0..1000)
+        .map(|_| {
+            let mut c = Resp::connect(proxy.addr);
+            let confirm = c.cmd(&["SUBSCRIBE", "news"]);
+            assert_eq!(
+                confirm,
+                Value::Array(Some(vec![
+                    Value::Bulk(Some("subscribe".into())),
+                    Value::Bulk(Some("news".into())),
+                    Value::Int(1)
+                ]))
+            );
+            c
+        })
+        .collect();
+    let mut direct = Resp::connect(SocketAddr::from(([127, 0, 0, 1], server.port)));
+    assert_eq!(
+        direct.cmd(&["PUBSUB", "NUMSUB", "news"]),
+        Value::Array(Some(vec![Value::Bulk(Some("news".into())), Value::Int(1)])),
+        "one subscriber on the server"
+    );
+    let mut publisher = Resp::connect(proxy.addr);
+    for i in 0..100 {
+        assert_eq!(publisher.cmd(&["PUBLISH", "news", &format!("m{i}")]), Value::Int(1));
+    }
+    for (n, c) in clients.iter_mut().enumerate() {
+        for i in 0..100 {
+            let m = c.read();
+            let want = Value::Array(Some(vec![
+                Value::Bulk(Some("message".into())),
+                Value::Bulk(Some("news".into())),
+                Value::Bulk(Some(format!("m{i}"))),
+            ]));
+            assert_eq!(m, want, "subscriber {n}, message {i}");
+        }
+    }
+    let c = &mut clients[0];
+    let Value::Err(e) = c.cmd(&["GET", "k"]) else { panic!("GET while subscribed") };
+    assert!(e.contains("only (P|S)SUBSCRIBE / (P|S)UNSUBSCRIBE / PING / QUIT / RESET"), "{e}");
+    assert_eq!(
+        c.cmd(&["PING"]),
+        Value::Array(Some(vec![Value::Bulk(Some("pong".into())), Value::Bulk(Some(String::new()))]))
+    );
+    assert_eq!(
+        c.cmd(&["UNSUBSCRIBE"]),
+        Value::Array(Some(vec![
+            Value::Bulk(Some("unsubscribe".into())),
+            Value::Bulk(Some("news".into())),
+            Value::Int(0)
+        ]))
+    );
+    assert_eq!(c.cmd(&["GET", "k"]), Value::Bulk(None), "out of the subscribed state");
+    drop(clients);
+    wait_until("the proxy leaves the channel when its last client goes", || {
+        direct.cmd(&["PUBSUB", "NUMSUB", "news"])
+            == Value::Array(Some(vec![Value::Bulk(Some("news".into())), Value::Int(0)]))
+    });
+}

@@ -30,8 +30,8 @@ use super::health::Health;
 use super::request::{Address, BackendError, BackendSettings, Job, ReplyAccount, ReplyTx};
 use crate::stats::{Histogram, PerWorker, ServerCounters};
 
-type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
-type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
+pub(crate) type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
+pub(crate) type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Requests a connection slot's queue holds before submitters wait.
 pub(super) const QUEUE: usize = 4096;
@@ -124,7 +124,7 @@ async fn connect(
 
 /// Connects and runs the set-up commands; either failing is a failed
 /// connection attempt.
-async fn open(
+pub(super) async fn open(
     address: &Address,
     timeout: Option<Duration>,
     setup: Option<&Setup>,

@@ -31,6 +31,7 @@ use chash::ServerLine;
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use connection::sleep_until_opt;
+pub(crate) use connection::{BoxRead, BoxWrite};
 pub(crate) use framing::{Chunk, Large, Reply, ReplyStream, Scan, Setup, Speech};
 pub use framing::{Frame, Framing};
 pub(crate) use health::{FailureHook, Health};
@@ -339,6 +340,15 @@ impl Server {
         let grace = self.timeout.unwrap_or(Duration::from_secs(1));
         let deadline = wait.map(|w| tokio::time::Instant::now() + w + grace);
         self.enqueue_until(&pinned.tx, data, framing, 1, requester, deadline).await
+    }
+
+    /// A connection of its own, outside the request queues, set up in
+    /// `dialect` (authenticated, its database selected): for a
+    /// subscription, whose messages come unasked.
+    pub(crate) async fn connect_raw(&self, dialect: usize) -> Result<(BoxRead, BoxWrite), String> {
+        let tls = self.settings.tls.as_ref().and_then(|t| t.connector_for(self.health.id(), self.line.name.as_deref()));
+        let setup = self.settings.dialects.get(dialect).cloned().flatten();
+        connection::open(&self.address, self.timeout, setup.as_ref(), tls.as_deref()).await
     }
 
     /// A place among the clients blocked on this server, if fewer than

@@ -78,6 +78,9 @@ pub struct Pool {
     events: PoolEvents,
     /// TLS to clients and servers, reloadable.
     tls: Arc<crate::tls::LiveTls>,
+    /// State a protocol keeps for the whole pool (Redis: its pub/sub
+    /// subscriptions), made when first asked for.
+    extension: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 impl fmt::Debug for Pool {
@@ -158,6 +161,7 @@ impl Pool {
             counters: Arc::new(PerWorker::new(workers.count())),
             writes: KeyWrites::default(),
             tls,
+            extension: std::sync::OnceLock::new(),
             protocol: speech.protocol,
             probe: speech.probe,
             before_return: speech.before_return,
@@ -359,6 +363,16 @@ impl Pool {
     }
 
     /// Its TLS (reloadable without a restart).
+    /// The pool-wide state of its protocol, made by `init` when first
+    /// asked for; `None` if another type was made first.
+    pub(crate) fn extension<T: std::any::Any + Send + Sync>(
+        self: &Arc<Self>,
+        init: impl FnOnce(&Arc<Pool>) -> Arc<T>,
+    ) -> Option<Arc<T>> {
+        let any = self.extension.get_or_init(|| init(self) as Arc<dyn std::any::Any + Send + Sync>);
+        any.clone().downcast::<T>().ok()
+    }
+
     pub(crate) fn tls(&self) -> &Arc<crate::tls::LiveTls> {
         &self.tls
     }

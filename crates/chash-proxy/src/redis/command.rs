@@ -93,11 +93,16 @@ pub(crate) fn route(name: &str, args: &[Bytes]) -> Route {
                 Route::Refused(format!("{name} {sub} addresses one server; {} go to all", everywhere.join(", ")))
             };
         }
-        // Sharded pub/sub names channels as keys, but a subscribed
-        // connection cannot be shared.
-        "SUBSCRIBE" | "PSUBSCRIBE" | "SSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "SUNSUBSCRIBE" => {
-            return Route::Refused("pub/sub would turn a shared server connection into a subscription".into())
+        // Subscriptions are the session's (`subscribed`); inside MULTI
+        // they are refused.
+        "SUBSCRIBE" | "PSUBSCRIBE" | "SSUBSCRIBE" | "UNSUBSCRIBE" | "PUNSUBSCRIBE" | "SUNSUBSCRIBE" | "RESET" => {
+            return Route::Refused("it cannot be queued in a transaction through the proxy".into())
         }
+        // A channel lives on the server its name is placed on.
+        "PUBLISH" if args.len() == 3 => return Route::Key(1),
+        "PUBLISH" => return Route::Arity,
+        "PUBSUB" if args.len() < 2 => return Route::Arity,
+        "PUBSUB" => return Route::Everywhere(super::everywhere::Every::Pubsub),
         _ => {}
     }
     let Some(spec) = spec_of(args) else {
@@ -251,7 +256,8 @@ mod tests {
         assert!(matches!(r("NOSUCH"), Route::Refused(_)));
         assert_eq!(r("WATCH k"), Route::Transaction);
         assert_eq!(r("WATCH"), Route::Arity);
-        assert!(matches!(r("SSUBSCRIBE ch"), Route::Refused(_)));
+        assert_eq!(r("PUBLISH ch m"), Route::Key(1));
+        assert_eq!(r("SPUBLISH ch m"), Route::Key(1));
     }
 
     fn args(s: &str) -> Vec<Bytes> {

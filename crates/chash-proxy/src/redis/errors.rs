@@ -14,6 +14,12 @@ pub(super) fn err(pool: &Pool, msg: String) -> PendingReply {
     ready_owned(error(&msg))
 }
 
+/// An error the proxy answers, counted, as bytes.
+pub(super) fn err_bytes(pool: &Pool, msg: String) -> Bytes {
+    pool.counters().errors.fetch_add(1, Relaxed);
+    error(&msg)
+}
+
 /// An error the proxy made up because no server could answer.
 pub(super) fn forward_error(pool: &Pool, msg: String) -> Bytes {
     let c = pool.counters();

@@ -32,6 +32,7 @@ pub(crate) enum Every {
     Info,
     Time,
     LastSave,
+    Pubsub,
 }
 
 impl Every {
@@ -46,6 +47,7 @@ impl Every {
             "INFO" => Every::Info,
             "TIME" => Every::Time,
             "LASTSAVE" => Every::LastSave,
+            "PUBSUB" => Every::Pubsub,
             _ => return None,
         })
     }
@@ -58,6 +60,7 @@ impl Every {
             Every::Dbsize | Every::RandomKey | Every::Time | Every::LastSave => argc == 1,
             Every::Flush => argc <= 2,
             Every::Info => true,
+            Every::Pubsub => argc >= 2,
         }
     }
 }
@@ -137,6 +140,7 @@ impl RedisSession {
             }
             Every::Time | Every::RandomKey => self.one(what, cmd).await,
             Every::Info => self.info_all(cmd).await,
+            Every::Pubsub => self.pubsub_info(cmd).await,
         }
     }
 
@@ -334,6 +338,83 @@ impl RedisSession {
             }
             Some(key_list(&pool, None, &lists))
         })
+    }
+
+    /// `PUBSUB CHANNELS|SHARDCHANNELS [pattern]` (the servers' lists
+    /// together), `NUMPAT` (any server's: patterns are on every one),
+    /// `NUMSUB|SHARDNUMSUB channel...` (each channel's server's count: the
+    /// subscribers it knows, one per proxy that subscribed for its
+    /// clients).
+    async fn pubsub_info(&self, cmd: Command) -> PendingReply {
+        let sub = String::from_utf8_lossy(&cmd.args[1]).to_ascii_uppercase();
+        let pool = self.pool.clone();
+        match sub.as_str() {
+            "CHANNELS" | "SHARDCHANNELS" if cmd.args.len() <= 3 => {
+                let replies = self.ask_all(self.servers(false), &cmd).await;
+                bytes_reply(async move {
+                    let mut names: Vec<Bytes> = Vec::new();
+                    for (server, reply) in replies.await {
+                        match reply.as_ref().map(array_items) {
+                            Ok(Some(items)) => {
+                                for i in items {
+                                    if !names.contains(&i) {
+                                        names.push(i);
+                                    }
+                                }
+                            }
+                            Ok(None) => return Some(error("ERR backend sent an unexpected PUBSUB reply")),
+                            Err(why) => return Some(failed(&pool, "pubsub", &server, why, 2)),
+                        }
+                    }
+                    let mut out = BytesMut::from(format!("*{}\r\n", names.len()).as_bytes());
+                    for n in names {
+                        out.extend_from_slice(&n);
+                    }
+                    Some(out.freeze())
+                })
+            }
+            "NUMPAT" if cmd.args.len() == 2 => {
+                let mut servers = self.servers(false);
+                servers.truncate(1);
+                let replies = self.ask_all(servers, &cmd).await;
+                bytes_reply(async move {
+                    let (server, reply) = replies.await.pop()?;
+                    Some(reply.unwrap_or_else(|why| failed(&pool, "pubsub", &server, &why, 1)))
+                })
+            }
+            "NUMSUB" | "SHARDNUMSUB" => {
+                let mut asks = Vec::new();
+                for channel in &cmd.args[2..] {
+                    let Some(server) = pool.state().server_for(channel).cloned() else {
+                        return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
+                    };
+                    let one = Command::new(vec![cmd.args[0].clone(), cmd.args[1].clone(), channel.clone()]);
+                    asks.push(self.ask_all(vec![server], &one).await);
+                }
+                bytes_reply(async move {
+                    let mut out = BytesMut::from(format!("*{}\r\n", asks.len() * 2).as_bytes());
+                    for ask in asks {
+                        let Some((server, reply)) = ask.await.pop() else { continue };
+                        match reply.as_ref().map(array_items) {
+                            Ok(Some(pair)) if pair.len() == 2 => {
+                                out.extend_from_slice(&pair[0]);
+                                out.extend_from_slice(&pair[1]);
+                            }
+                            Ok(_) => return Some(error("ERR backend sent an unexpected PUBSUB reply")),
+                            Err(why) => return Some(failed(&pool, "pubsub", &server, why, 2)),
+                        }
+                    }
+                    Some(out.freeze())
+                })
+            }
+            _ => err(
+                &pool,
+                format!(
+                    "ERR unknown subcommand or wrong number of arguments for 'pubsub|{}'",
+                    sub.to_ascii_lowercase()
+                ),
+            ),
+        }
     }
 
     /// `INFO [section ...]`: the proxy's own section, then the servers'

@@ -27,5 +27,7 @@ mod everywhere;
 pub(crate) mod handshake;
 pub(crate) mod keyspec;
 pub(crate) mod protocol;
+mod pubsub;
 pub mod resp;
 pub(crate) mod session;
+mod subscribed;

@@ -37,6 +37,8 @@ pub(crate) struct RedisSession {
     pub(super) lib: [Option<Bytes>; 2],
     /// Keys watched (`WATCH`), on a server connection of this client's own.
     watch: Option<Watch>,
+    /// Channels and patterns listened to (`SUBSCRIBE` ...).
+    pub(super) sub: Option<super::subscribed::Subscribed>,
 }
 
 /// The server connection a client's `WATCH` went on: its `EXEC` goes on
@@ -98,6 +100,7 @@ impl RedisSession {
             name: None,
             lib: [None, None],
             watch: None,
+            sub: None,
         }
     }
 }
@@ -130,6 +133,12 @@ impl Session for RedisSession {
             }
             Request::Command(cmd) => {
                 self.pool.counters().requests.fetch_add(1, Relaxed);
+                let mut name_buf = [0u8; 32];
+                let name = cmd.name_in(&mut name_buf);
+                if self.sub.is_some() || name == "RESET" || super::subscribed::pubsub_kind(name).is_some() {
+                    let name = name.to_owned();
+                    return self.pubsub_step(&name, cmd).await;
+                }
                 let quit = cmd.args[0].eq_ignore_ascii_case(b"QUIT");
                 let reply = self.dispatch(cmd).await;
                 if quit {
@@ -143,6 +152,20 @@ impl Session for RedisSession {
 }
 
 impl RedisSession {
+    /// Whether a transaction is being queued.
+    pub(super) fn in_transaction(&self) -> bool {
+        self.tx.is_some()
+    }
+
+    /// `RESET`: the transaction discarded, nothing watched, RESP2, no
+    /// client name.
+    pub(super) fn reset(&mut self) {
+        self.tx = None;
+        self.watch = None;
+        self.name = None;
+        self.requester.dialect = 0;
+    }
+
     /// Redis's `NOPERM` for a command that may change data, asked by a
     /// read-only user (its flags in the command table; scripts and
     /// functions may write whatever their flags say, except the `_RO`
@@ -177,7 +200,7 @@ impl RedisSession {
 }
 
 impl RedisSession {
-    async fn dispatch(&mut self, cmd: Command) -> PendingReply {
+    pub(super) async fn dispatch(&mut self, cmd: Command) -> PendingReply {
         let pool = &self.pool;
         let mut name_buf = [0u8; 32];
         let name: &str = cmd.name_in(&mut name_buf);
