@@ -277,7 +277,14 @@ pub(crate) async fn serve<T, S>(
         let mut input = Input { r, shutdown, idle: settings.idle, closing: None };
         let mut buf = BytesMut::with_capacity(16 * 1024);
         let close = 'conn: loop {
-            match input.read(&mut buf).await {
+            let read = tokio::select! {
+                biased;
+                read = input.read(&mut buf) => read,
+                // A client that holds too many unread replies (or pushed
+                // messages) is closed even while it sends nothing.
+                () = account.overflowed() => Read::End(Close::Overflow),
+            };
+            match read {
                 Read::Data => {}
                 Read::End(close) => break close,
             }

@@ -447,3 +447,69 @@ fn a_thousand_subscribers_cost_the_server_one() {
             == Value::Array(Some(vec![Value::Bulk(Some("news".into())), Value::Int(0)]))
     });
 }
+
+/// A subscriber that does not read is disconnected once 32 MiB of
+/// messages wait for it; one that reads gets them all.
+#[test]
+fn a_subscriber_that_does_not_read_is_disconnected() {
+    let server = Redis::start(None);
+    let proxy = Proxy::start(&blocking_pool(&[&server], ""));
+    let mut stuck = Resp::connect(proxy.addr);
+    stuck.cmd(&["SUBSCRIBE", "big"]);
+    let mut reader = Resp::connect(proxy.addr);
+    reader.cmd(&["SUBSCRIBE", "big"]);
+    let payload = "x".repeat(100_000);
+    let mut publisher = Resp::connect(proxy.addr);
+    let reading = std::thread::spawn(move || {
+        for i in 0..600 {
+            let Value::Array(Some(m)) = reader.read() else { panic!("message {i}") };
+            assert_eq!(m.len(), 3);
+        }
+    });
+    for _ in 0..600 {
+        publisher.cmd(&["PUBLISH", "big", &payload]);
+    }
+    reading.join().unwrap();
+    wait_until("the stuck subscriber is disconnected", || proxy.handle.stats()[0].get("pubsub_slow_clients") == 1);
+    // Its connection is closed: reading ends (after what the kernel held).
+    use std::io::Read as _;
+    let mut sink = Vec::new();
+    let read = stuck.r.read_to_end(&mut sink);
+    assert!(read.is_ok() && sink.len() < 60 * 100_000, "closed after {} bytes", sink.len());
+}
+
+/// A Node.js client script of `tests/clients/node` (its libraries
+/// installed there by scripts/test), which prints `ok` or fails.
+fn run_node(script: &str, args: &[&str]) {
+    let dir = format!("{}/tests/clients/node", env!("CARGO_MANIFEST_DIR"));
+    assert!(
+        std::path::Path::new(&format!("{dir}/node_modules/bullmq")).exists(),
+        "the Node.js client libraries are not installed: run scripts/test (it runs npm ci in {dir})"
+    );
+    let out = Command::new(require("node", "nodejs"))
+        .arg(format!("{dir}/{script}"))
+        .args(args)
+        .env("NODE_PATH", format!("{dir}/node_modules"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("ok"), "{script} failed:\n{text}");
+}
+
+/// BullMQ (npm), unchanged but for a hash-tagged prefix: 5,000 jobs, 4
+/// workers, every job completed once, through a pool of 3 servers; and
+/// ioredis pub/sub across two proxies.
+#[test]
+fn bullmq_and_ioredis_through_the_proxy() {
+    let servers = [Redis::start(None), Redis::start(None), Redis::start(None)];
+    let mut yml = String::from(
+        "alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n  hash_tag: \"{}\"\n  timeout: 5000\n  servers:\n",
+    );
+    for (i, s) in servers.iter().enumerate() {
+        yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
+    }
+    let (a, b) = (Proxy::start(&yml), Proxy::start(&yml));
+    run_node("bullmq_jobs.js", &["127.0.0.1", &a.addr.port().to_string()]);
+    assert!(a.handle.stats()[0].get("blocking_commands") > 0, "BullMQ's workers blocked through the proxy");
+    run_node("ioredis_pubsub.js", &[&a.addr.to_string(), &b.addr.to_string()]);
+}

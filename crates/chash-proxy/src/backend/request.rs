@@ -154,6 +154,15 @@ impl ReplyAccount {
         }
     }
 
+    /// Marks the client as holding too much (its connection's writer
+    /// gives up, and the connection closes): a subscriber that does not
+    /// read.
+    pub fn overflow(&self) {
+        if !self.overflowed.swap(true, Relaxed) {
+            self.notify.notify_waiters();
+        }
+    }
+
     /// The client is gone: wakes what waits in [`ReplyAccount::gone`].
     pub fn mark_gone(&self) {
         if !self.gone.swap(true, Relaxed) {

@@ -96,6 +96,7 @@ pub(crate) struct Outbox {
     /// The client speaks RESP3 (messages as push frames).
     pub resp3: bool,
     pool: Arc<Pool>,
+    account: Arc<crate::backend::ReplyAccount>,
 }
 
 impl Outbox {
@@ -113,6 +114,7 @@ impl Outbox {
             state: AtomicU8::new(OPEN),
             resp3,
             pool,
+            account: account.clone(),
         });
         let (tx, rx) = mpsc::channel(4);
         let forwarding = forward(outbox.clone(), tx);
@@ -149,6 +151,10 @@ impl Outbox {
             );
             self.state.store(KICKED, Relaxed);
             self.notify.notify_one();
+            // Its connection's writer, stuck on a client that does not
+            // read, gives up too.
+            self.account.overflow();
+            self.queue.lock().unwrap_or_else(|e| e.into_inner()).clear();
             return false;
         }
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(frame);
