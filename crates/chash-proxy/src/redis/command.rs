@@ -215,6 +215,29 @@ fn upper_into(buf: &mut [u8], word: &[u8]) -> Option<usize> {
     Some(word.len())
 }
 
+/// How long a blocking command may block, as it says; `None`: for ever
+/// (a timeout of 0), or a timeout that does not parse or is negative (the
+/// server answers that with its error at once).
+pub(crate) fn blocking_wait(name: &str, args: &[Bytes]) -> Option<std::time::Duration> {
+    let text = |b: &Bytes| std::str::from_utf8(b).ok().map(str::to_owned);
+    let (value, millis) = match name {
+        "XREAD" | "XREADGROUP" => {
+            let at = args.iter().position(|a| a.eq_ignore_ascii_case(b"BLOCK"))?;
+            (text(args.get(at + 1)?)?, true)
+        }
+        "BLMPOP" | "BZMPOP" => (text(args.get(1)?)?, false),
+        _ => (text(args.last()?)?, false),
+    };
+    let n: f64 = value.parse().ok()?;
+    if !n.is_finite() || n <= 0.0 {
+        return None;
+    }
+    Some(
+        std::time::Duration::from_secs_f64(if millis { n / 1000.0 } else { n })
+            .min(std::time::Duration::from_secs(1 << 40)),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -245,6 +268,12 @@ mod tests {
         assert_eq!(r("BZPOPMIN z 1.5"), Route::Blocking(vec![1]));
         assert_eq!(r("XREAD BLOCK 0 STREAMS s t 0 0"), Route::Blocking(vec![4, 5]));
         assert_eq!(r("BLPOP l"), Route::Arity);
+        let wait = |c: &str| blocking_wait(c.split(' ').next().unwrap(), &args(c));
+        assert_eq!(wait("BLPOP l 0"), None, "0: for ever");
+        assert_eq!(wait("BLPOP l 1.5"), Some(std::time::Duration::from_millis(1500)));
+        assert_eq!(wait("BLMPOP 2 1 l LEFT"), Some(std::time::Duration::from_secs(2)));
+        assert_eq!(wait("XREAD BLOCK 250 STREAMS s $"), Some(std::time::Duration::from_millis(250)));
+        assert_eq!(wait("BLPOP l x"), None, "not a number: the server says so at once");
         assert_eq!(r("XREAD COUNT 1 STREAMS s 0"), Route::Keys(vec![4]));
         assert_eq!(r("XGROUP CREATE s g $"), Route::Key(2));
         assert_eq!(r("OBJECT ENCODING k"), Route::Key(2));
@@ -297,27 +326,4 @@ mod tests {
         assert!(table.windows(2).all(|w| w[0].name < w[1].name));
         assert!(table.len() > 200);
     }
-}
-
-/// How long a blocking command may block, as it says; `None`: for ever
-/// (a timeout of 0), or a timeout that does not parse or is negative (the
-/// server answers that with its error at once).
-pub(crate) fn blocking_wait(name: &str, args: &[Bytes]) -> Option<std::time::Duration> {
-    let text = |b: &Bytes| std::str::from_utf8(b).ok().map(str::to_owned);
-    let (value, millis) = match name {
-        "XREAD" | "XREADGROUP" => {
-            let at = args.iter().position(|a| a.eq_ignore_ascii_case(b"BLOCK"))?;
-            (text(args.get(at + 1)?)?, true)
-        }
-        "BLMPOP" | "BZMPOP" => (text(args.get(1)?)?, false),
-        _ => (text(args.last()?)?, false),
-    };
-    let n: f64 = value.parse().ok()?;
-    if !n.is_finite() || n <= 0.0 {
-        return None;
-    }
-    Some(
-        std::time::Duration::from_secs_f64(if millis { n / 1000.0 } else { n })
-            .min(std::time::Duration::from_secs(1 << 40)),
-    )
 }
