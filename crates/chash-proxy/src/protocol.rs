@@ -47,6 +47,16 @@ pub(crate) trait Protocol: Send + Sync {
     /// of a failed-over server.
     fn speech(&self, config: &PoolConfig) -> Speech;
 
+    /// Reads what a pool's config names by file for this protocol (Redis:
+    /// its passwords) into the config, at start and at every reload.
+    ///
+    /// # Errors
+    /// A file that cannot be used.
+    fn prepare(&self, config: &mut PoolConfig) -> Result<(), crate::pool::PoolError> {
+        let _ = config;
+        Ok(())
+    }
+
     /// Whether a membership change may drain a removed server (its values
     /// read from it, for a window, when they miss on their new server).
     fn drains(&self) -> bool;

@@ -14,3 +14,14 @@ pub(crate) fn of(config: &PoolConfig) -> &'static dyn Protocol {
         &crate::memcache::protocol::MEMCACHED
     }
 }
+
+/// Reads what `config` names by file for its protocol (a Redis pool's
+/// passwords: `server_password_file`, each user's `password_file`) into
+/// it, as a proxy start and every reload do; `chash proxy -t` checks them
+/// this way.
+///
+/// # Errors
+/// A file that cannot be read, or is empty.
+pub fn prepare(config: &mut PoolConfig) -> Result<(), crate::pool::PoolError> {
+    of(config).prepare(config)
+}

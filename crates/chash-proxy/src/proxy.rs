@@ -191,8 +191,9 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
     };
     for mut spec in pools {
         // Secrets named by file, read now (idempotent: a caller may have).
-        crate::redis::access::resolve_secrets(&mut spec.config).map_err(StartError::Pool)?;
-        let speech = crate::protocols::of(&spec.config).speech(&spec.config);
+        let protocol = crate::protocols::of(&spec.config);
+        protocol.prepare(&mut spec.config).map_err(StartError::Pool)?;
+        let speech = protocol.speech(&spec.config);
         let pool = Pool::start(spec.config, spec.addresses, workers.clone(), speech).map_err(StartError::Pool)?;
         let listen = |addr: &str| -> Result<(TcpListener, SocketAddr), StartError> {
             let failed =

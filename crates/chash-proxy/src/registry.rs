@@ -380,7 +380,7 @@ impl Registry {
             if let Some(listen) = self.shared.options.listen_overrides.get(name) {
                 pool.listen.clone_from(listen);
             }
-            crate::redis::access::resolve_secrets(&mut pool).map_err(Invalid::Server)?;
+            crate::protocols::of(&pool).prepare(&mut pool).map_err(Invalid::Server)?;
             pools.push(pool);
         }
         Ok(pools)

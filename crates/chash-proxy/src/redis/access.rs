@@ -26,7 +26,7 @@ fn read_secret(pool: &str, what: &str, path: &str) -> Result<String, PoolError> 
 ///
 /// # Errors
 /// A file that cannot be read, or is empty.
-pub fn resolve_secrets(pool: &mut PoolConfig) -> Result<(), PoolError> {
+pub(crate) fn resolve_secrets(pool: &mut PoolConfig) -> Result<(), PoolError> {
     let name = pool.name.clone();
     let access = &mut pool.access;
     if let Some(path) = &access.server_password_file {

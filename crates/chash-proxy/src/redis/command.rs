@@ -22,6 +22,51 @@ pub(crate) enum Gather {
     Sum,
 }
 
+/// The commands about the whole keyspace, answered from every server
+/// (`everywhere`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Every {
+    Scan,
+    Keys,
+    Dbsize,
+    RandomKey,
+    Flush,
+    Info,
+    Time,
+    LastSave,
+    Pubsub,
+}
+
+impl Every {
+    /// The command `name` (in capitals) names, if it is one of them.
+    pub(crate) fn of(name: &str) -> Option<Every> {
+        Some(match name {
+            "SCAN" => Every::Scan,
+            "KEYS" => Every::Keys,
+            "DBSIZE" => Every::Dbsize,
+            "RANDOMKEY" => Every::RandomKey,
+            "FLUSHDB" | "FLUSHALL" => Every::Flush,
+            "INFO" => Every::Info,
+            "TIME" => Every::Time,
+            "LASTSAVE" => Every::LastSave,
+            "PUBSUB" => Every::Pubsub,
+            _ => return None,
+        })
+    }
+
+    /// Whether `argc` arguments (the name included) fit it.
+    pub(crate) fn fits(self, argc: usize) -> bool {
+        match self {
+            Every::Scan => argc >= 2 && argc.is_multiple_of(2),
+            Every::Keys => argc == 2,
+            Every::Dbsize | Every::RandomKey | Every::Time | Every::LastSave => argc == 1,
+            Every::Flush => argc <= 2,
+            Every::Info => true,
+            Every::Pubsub => argc >= 2,
+        }
+    }
+}
+
 /// What the proxy does with a command.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Route {
@@ -48,7 +93,7 @@ pub(crate) enum Route {
     Script,
     /// About the whole keyspace: answered from every server
     /// (`everywhere`).
-    Everywhere(super::everywhere::Every),
+    Everywhere(Every),
     /// A blocking command (`BLPOP`, `XREAD ... BLOCK`, ...) on a server
     /// connection of the client's own, to the server of these keys (all
     /// on one).
@@ -72,7 +117,7 @@ pub(crate) fn route(name: &str, args: &[Bytes]) -> Route {
     match name {
         "PING" | "ECHO" | "QUIT" | "COMMAND" | "SELECT" | "HELLO" | "AUTH" | "CLIENT" => return Route::Proxy,
         "SCAN" | "KEYS" | "DBSIZE" | "RANDOMKEY" | "FLUSHDB" | "FLUSHALL" | "INFO" | "TIME" | "LASTSAVE" => {
-            return super::everywhere::Every::of(name).map_or(Route::Arity, Route::Everywhere)
+            return Every::of(name).map_or(Route::Arity, Route::Everywhere)
         }
         "MULTI" | "EXEC" | "DISCARD" | "UNWATCH" if args.len() != 1 => return Route::Arity,
         "WATCH" if args.len() < 2 => return Route::Arity,
@@ -102,7 +147,7 @@ pub(crate) fn route(name: &str, args: &[Bytes]) -> Route {
         "PUBLISH" if args.len() == 3 => return Route::Key(1),
         "PUBLISH" => return Route::Arity,
         "PUBSUB" if args.len() < 2 => return Route::Arity,
-        "PUBSUB" => return Route::Everywhere(super::everywhere::Every::Pubsub),
+        "PUBSUB" => return Route::Everywhere(Every::Pubsub),
         _ => {}
     }
     let Some(spec) = spec_of(args) else {
@@ -279,8 +324,8 @@ mod tests {
         assert_eq!(r("OBJECT ENCODING k"), Route::Key(2));
         assert_eq!(r("MEMORY USAGE k"), Route::Key(2));
         assert!(matches!(r("EVAL s 0"), Route::Refused(_)));
-        assert_eq!(r("KEYS *"), Route::Everywhere(super::super::everywhere::Every::Keys));
-        assert_eq!(r("SCAN 0 MATCH a*"), Route::Everywhere(super::super::everywhere::Every::Scan));
+        assert_eq!(r("KEYS *"), Route::Everywhere(Every::Keys));
+        assert_eq!(r("SCAN 0 MATCH a*"), Route::Everywhere(Every::Scan));
         assert!(matches!(r("MEMORY STATS"), Route::Refused(_)));
         assert!(matches!(r("NOSUCH"), Route::Refused(_)));
         assert_eq!(r("WATCH k"), Route::Transaction);

@@ -14,56 +14,13 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
+use super::command::Every;
 use super::errors::{arity, err, forward_error};
 use super::resp::{array_items, bulk, error, integer, Command, WHOLE};
 use super::session::RedisSession;
 use crate::backend::{Reply, Server};
 use crate::conn::{bytes_reply, ready_owned, PendingReply};
 use crate::pool::Pool;
-
-/// Which of them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Every {
-    Scan,
-    Keys,
-    Dbsize,
-    RandomKey,
-    Flush,
-    Info,
-    Time,
-    LastSave,
-    Pubsub,
-}
-
-impl Every {
-    /// The command `name` (in capitals) names, if it is one of them.
-    pub(crate) fn of(name: &str) -> Option<Every> {
-        Some(match name {
-            "SCAN" => Every::Scan,
-            "KEYS" => Every::Keys,
-            "DBSIZE" => Every::Dbsize,
-            "RANDOMKEY" => Every::RandomKey,
-            "FLUSHDB" | "FLUSHALL" => Every::Flush,
-            "INFO" => Every::Info,
-            "TIME" => Every::Time,
-            "LASTSAVE" => Every::LastSave,
-            "PUBSUB" => Every::Pubsub,
-            _ => return None,
-        })
-    }
-
-    /// Whether `argc` arguments (the name included) fit it.
-    pub(crate) fn fits(self, argc: usize) -> bool {
-        match self {
-            Every::Scan => argc >= 2 && argc.is_multiple_of(2),
-            Every::Keys => argc == 2,
-            Every::Dbsize | Every::RandomKey | Every::Time | Every::LastSave => argc == 1,
-            Every::Flush => argc <= 2,
-            Every::Info => true,
-            Every::Pubsub => argc >= 2,
-        }
-    }
-}
 
 /// A `SCAN` cursor through the proxy: the server's own cursor, which
 /// server of the pool's live ones (in config order), and a tag of the

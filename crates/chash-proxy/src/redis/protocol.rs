@@ -38,6 +38,11 @@ impl Protocol for Redis {
         }
     }
 
+    /// The passwords named by file (`server_password_file`, users').
+    fn prepare(&self, config: &mut PoolConfig) -> Result<(), crate::pool::PoolError> {
+        super::access::resolve_secrets(config)
+    }
+
     /// Warm-up reads memcached values; a Redis pool does not drain.
     fn drains(&self) -> bool {
         false

@@ -614,3 +614,40 @@ fn on_frame(
         hub.deliver(&topic, frame);
     }
 }
+
+/// A subscribed client: its outbox and what it listens to.
+pub(crate) struct Subscribed {
+    pub(super) hub: Arc<Hub>,
+    pub(super) outbox: Arc<Outbox>,
+    pub(super) id: u64,
+    /// In subscription order.
+    pub(super) topics: Vec<Topic>,
+}
+
+impl Drop for Subscribed {
+    fn drop(&mut self) {
+        self.hub.leave(self.id, &self.topics);
+    }
+}
+
+impl Subscribed {
+    /// Redis's count in confirmations: channels and patterns together,
+    /// shard channels apart.
+    pub(super) fn count(&self, kind: Kind) -> usize {
+        let shard = kind == Kind::Shard;
+        self.topics.iter().filter(|t| (t.0 == Kind::Shard) == shard).count()
+    }
+}
+
+/// The (un)subscription commands and their kinds.
+pub(crate) fn pubsub_kind(name: &str) -> Option<(Kind, bool)> {
+    Some(match name {
+        "SUBSCRIBE" => (Kind::Channel, true),
+        "PSUBSCRIBE" => (Kind::Pattern, true),
+        "SSUBSCRIBE" => (Kind::Shard, true),
+        "UNSUBSCRIBE" => (Kind::Channel, false),
+        "PUNSUBSCRIBE" => (Kind::Pattern, false),
+        "SUNSUBSCRIBE" => (Kind::Shard, false),
+        _ => return None,
+    })
+}

@@ -38,7 +38,7 @@ pub(crate) struct RedisSession {
     /// Keys watched (`WATCH`), on a server connection of this client's own.
     watch: Option<Watch>,
     /// Channels and patterns listened to (`SUBSCRIBE` ...).
-    pub(super) sub: Option<super::subscribed::Subscribed>,
+    pub(super) sub: Option<super::pubsub::Subscribed>,
 }
 
 /// The server connection a client's `WATCH` went on: its `EXEC` goes on
@@ -135,7 +135,7 @@ impl Session for RedisSession {
                 self.pool.counters().requests.fetch_add(1, Relaxed);
                 let mut name_buf = [0u8; 32];
                 let name = cmd.name_in(&mut name_buf);
-                if self.sub.is_some() || name == "RESET" || super::subscribed::pubsub_kind(name).is_some() {
+                if self.sub.is_some() || name == "RESET" || super::pubsub::pubsub_kind(name).is_some() {
                     let name = name.to_owned();
                     return self.pubsub_step(&name, cmd).await;
                 }

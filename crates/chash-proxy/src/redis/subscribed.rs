@@ -7,55 +7,17 @@
 //! reply among the pushed messages.
 
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 
-use super::pubsub::{Hub, Kind, Outbox, Topic};
+use super::pubsub::{pubsub_kind, Hub, Kind, Outbox, Subscribed, Topic};
 use super::resp::{bulk, error, Command};
 use super::session::RedisSession;
 use crate::conn::{Out, Step};
 
 /// How long a new subscription may wait for its servers' confirmation.
 const CONFIRM_WITHIN: Duration = Duration::from_secs(10);
-
-/// A subscribed client: its outbox and what it listens to.
-pub(super) struct Subscribed {
-    hub: Arc<Hub>,
-    outbox: Arc<Outbox>,
-    id: u64,
-    /// In subscription order.
-    topics: Vec<Topic>,
-}
-
-impl Drop for Subscribed {
-    fn drop(&mut self) {
-        self.hub.leave(self.id, &self.topics);
-    }
-}
-
-impl Subscribed {
-    /// Redis's count in confirmations: channels and patterns together,
-    /// shard channels apart.
-    fn count(&self, kind: Kind) -> usize {
-        let shard = kind == Kind::Shard;
-        self.topics.iter().filter(|t| (t.0 == Kind::Shard) == shard).count()
-    }
-}
-
-/// The (un)subscription commands and their kinds.
-pub(super) fn pubsub_kind(name: &str) -> Option<(Kind, bool)> {
-    Some(match name {
-        "SUBSCRIBE" => (Kind::Channel, true),
-        "PSUBSCRIBE" => (Kind::Pattern, true),
-        "SSUBSCRIBE" => (Kind::Shard, true),
-        "UNSUBSCRIBE" => (Kind::Channel, false),
-        "PUNSUBSCRIBE" => (Kind::Pattern, false),
-        "SUNSUBSCRIBE" => (Kind::Shard, false),
-        _ => return None,
-    })
-}
 
 /// A confirmation frame: `[word, name or nil, count]`, pushed in RESP3.
 fn confirmation(resp3: bool, word: &[u8], name: Option<&[u8]>, count: usize) -> Bytes {
