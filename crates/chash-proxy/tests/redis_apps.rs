@@ -65,21 +65,31 @@ fn the_keyspace_over_every_server() {
         yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
     }
     let proxy = Proxy::start(&yml);
-    // redis-cli's own scan loop, before the script flushes: 300 keys.
-    let keys: Vec<String> = (0..300).map(|i| format!("cli:{i}")).collect();
-    let mut session: Vec<Vec<&str>> = Vec::new();
-    session.extend(keys.iter().map(|k| vec!["SET", k.as_str(), "v"]));
-    let commands: Vec<&[&str]> = session.iter().map(Vec::as_slice).collect();
-    assert!(support::redis_session(proxy.addr, &commands).iter().all(|r| r == "+OK"));
-    let out = Command::new(require("redis-cli", "redis-tools"))
-        .args(["-h", "127.0.0.1", "-p", &proxy.addr.port().to_string(), "--scan", "--pattern", "cli:1*"])
-        .output()
-        .unwrap();
-    let mut listed: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
-    listed.sort();
-    let mut expected: Vec<String> = keys.iter().filter(|k| k.starts_with("cli:1")).cloned().collect();
-    expected.sort();
-    assert_eq!(listed, expected, "redis-cli --scan: every match once");
+    // redis-cli's own scan loop, before the script flushes: 100,000 keys.
+    let keys: Vec<String> = (0..100_000).map(|i| format!("cli:{i}")).collect();
+    let mut c = Resp::connect(proxy.addr);
+    for chunk in keys.chunks(1000) {
+        for k in chunk {
+            c.send(&["SET", k, "v"]);
+        }
+        for _ in chunk {
+            assert_eq!(c.read(), Value::Ok("OK".into()));
+        }
+    }
+    let scan = |pattern: &str| {
+        let out = Command::new(require("redis-cli", "redis-tools"))
+            .args(["-h", "127.0.0.1", "-p", &proxy.addr.port().to_string(), "--scan", "--pattern", pattern])
+            .output()
+            .unwrap();
+        let mut listed: Vec<String> = String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect();
+        listed.sort();
+        listed
+    };
+    let mut all = keys.clone();
+    all.sort();
+    assert_eq!(scan("cli:*"), all, "redis-cli --scan: every key once");
+    let expected: Vec<String> = all.iter().filter(|k| k.starts_with("cli:42")).cloned().collect();
+    assert_eq!(scan("cli:42*"), expected, "redis-cli --scan --pattern: every match once");
 
     let line = format!("{}:1 s4", added.id());
     run_script("redis_keyspace.py", &[&proxy.addr.to_string(), &proxy.admin.to_string(), &line]);
