@@ -10,6 +10,7 @@ mod analyze;
 mod bench;
 mod config_cmd;
 mod demo;
+mod docs;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod etcd_tls;
@@ -52,6 +53,10 @@ enum Command {
     Config(config_cmd::ConfigArgs),
     /// Check that a fleet of proxies places keys alike.
     Fleet(fleet::FleetArgs),
+    /// Print a shell completion script (bash, zsh, fish, ...).
+    Completions(docs::CompletionsArgs),
+    /// Write man pages for chash and every subcommand into a directory.
+    Man(docs::ManArgs),
 }
 
 /// Called as `nutcracker` (a symlink to chash), the binary is
@@ -100,6 +105,8 @@ fn main() -> ExitCode {
             Ok(false) => return ExitCode::from(1),
             Err(e) => Err(e),
         },
+        Command::Completions(args) => docs::completions::<Cli>(args),
+        Command::Man(args) => docs::man::<Cli>(args),
         Command::Fleet(args) => match fleet::run(args) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::from(1),

@@ -304,3 +304,26 @@ fn config_remove_moves_only_the_removed_servers_keys() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Man pages for chash and every subcommand (and nutcracker), from the
+/// command's own definitions; completion scripts for bash, zsh and fish.
+#[test]
+fn man_pages_and_completions() {
+    let dir = std::env::temp_dir().join(format!("chash-man-{}", std::process::id()));
+    let out = chash(&["man", dir.to_str().unwrap()], b"");
+    assert!(out.status.success(), "{}", stderr(&out));
+    for page in ["chash.1", "chash-proxy.1", "chash-config-add.1", "chash-fleet-status.1", "nutcracker.1"] {
+        let text = std::fs::read_to_string(dir.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));
+        assert!(text.starts_with(".ie") || text.contains(".TH"), "{page} is a man page");
+    }
+    let proxy = std::fs::read_to_string(dir.join("chash-proxy.1")).unwrap();
+    assert!(proxy.contains("membership") && proxy.contains("admin\\-tls\\-cert"), "the proxy's flags");
+    let nutcracker = std::fs::read_to_string(dir.join("nutcracker.1")).unwrap();
+    assert!(nutcracker.contains(".TH nutcracker"), "{}", &nutcracker[..200]);
+    let _ = std::fs::remove_dir_all(&dir);
+    for (shell, says) in [("bash", "_chash()"), ("zsh", "#compdef chash"), ("fish", "complete -c chash")] {
+        let out = chash(&["completions", shell], b"");
+        assert!(out.status.success() && stdout(&out).contains(says), "{shell}: {}", stderr(&out));
+        assert!(stdout(&out).contains("membership"), "{shell} completes the proxy's flags");
+    }
+}

@@ -35,7 +35,7 @@
 //! capacity sized to the pool buys; the anchorhash peer is built at the
 //! same three capacities (`anchorhash` is capacity N).
 //!
-//! Run: `cargo bench -p chash --bench algos`.
+//! Run: `cargo bench -p chash-ring --bench algos`.
 
 use std::hint::black_box;
 use std::time::Duration;

@@ -8,7 +8,7 @@
 //! The sampling floor for 1M keys on 100 nodes is CV 0.0099; the optimal
 //! movement is 1.00% on the leave and 0.99% on the join.
 //!
-//! Run: `cargo bench -p chash --bench balance` (about a minute).
+//! Run: `cargo bench -p chash-ring --bench balance` (about a minute).
 
 use std::hash::BuildHasherDefault;
 

@@ -10,7 +10,7 @@
 //! A second table does the same for the other algorithms at N = 1000
 //! (Maglev with a 100,003-entry table, the smallest prime above 100 × N).
 //!
-//! Run: `cargo bench -p chash --bench memory`.
+//! Run: `cargo bench -p chash-ring --bench memory`.
 
 // A `GlobalAlloc` impl is `unsafe` by definition; this bench needs one to
 // count allocations, and it only forwards to `System` (workspace lints deny

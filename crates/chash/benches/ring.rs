@@ -26,7 +26,7 @@
 //! - `build/1000`: a ring of 1000 nodes (160,000 points) from scratch.
 //! - `add_node/1000`: the 1001st node.
 //!
-//! Run: `cargo bench -p chash --bench ring`.
+//! Run: `cargo bench -p chash-ring --bench ring`.
 
 use std::hash::{Hash, Hasher};
 use std::hint::black_box;

@@ -82,7 +82,7 @@ pub struct PoolFile {
     /// chash: ring points per unit of weight (`distribution: ring`; default 160).
     pub vnodes: Option<u32>,
     /// chash: text template for ring point labels (`distribution: ring`),
-    /// e.g. `"{id}&&VN{i}"`; see [`PointLabel`].
+    /// e.g. `"{id}&&VN{i}"`; see [`PointLabel`](crate::PointLabel).
     pub point_label: Option<String>,
     /// chash: Maglev's table size, a prime above 100 × the total weight
     /// (`distribution: maglev`; default 65537).

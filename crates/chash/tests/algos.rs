@@ -5,7 +5,7 @@
 //! values that pin placements across processes, platforms and versions.
 //!
 //! The statistical tests use 1,000,000 keys in release builds
-//! (`cargo test --release -p chash --test algos`) and 100,000 in debug
+//! (`cargo test --release -p chash-ring --test algos`) and 100,000 in debug
 //! builds, with bands scaled to the sampling floor of each.
 
 use std::collections::HashMap;
