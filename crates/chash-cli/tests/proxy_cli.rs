@@ -102,6 +102,12 @@ fn embedded_default_serves_and_stops_gracefully() {
     // A client with requests in flight when SIGTERM arrives still gets its replies.
     let mut s = TcpStream::connect(proxy.listen).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Accepted and served first (on a busy machine the signal could
+    // otherwise come before the proxy accepts the connection at all).
+    s.write_all(b"get nothing\r\n").unwrap();
+    let mut end = [0u8; 5];
+    std::io::Read::read_exact(&mut s, &mut end).unwrap();
+    assert_eq!(&end, b"END\r\n");
     let mut batch = Vec::new();
     for i in 0..200 {
         batch.extend_from_slice(format!("set k{i} 0 0 1\r\nx\r\n").as_bytes());
