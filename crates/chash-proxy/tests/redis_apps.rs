@@ -523,3 +523,42 @@ fn bullmq_and_ioredis_through_the_proxy() {
     assert!(a.handle.stats()[0].get("blocking_commands") > 0, "BullMQ's workers blocked through the proxy");
     run_node("ioredis_pubsub.js", &[&a.addr.to_string(), &b.addr.to_string()]);
 }
+
+/// What a review found against redis-server, fixed: a wrong HELLO AUTH on
+/// a logged-in connection is refused; RESET logs out; SUBSCRIBE inside
+/// MULTI makes EXEC abort; a subscribed RESP3 client's blocking command
+/// is refused (awaited, it would keep the proxy from seeing the client go
+/// and strand the next element on the server).
+#[test]
+fn review_findings_stay_fixed() {
+    use std::io::{Read as _, Write as _};
+    let server = Redis::start(None);
+    let yml = blocking_pool(&[&server], "  users:\n   - {name: app, password: app-pw}\n");
+    let proxy = Proxy::start(&yml);
+    let mut c = Resp::connect(proxy.addr);
+    assert_eq!(c.cmd(&["AUTH", "app", "app-pw"]), Value::Ok("OK".into()));
+    let Value::Err(e) = c.cmd(&["HELLO", "2", "AUTH", "app", "wrong"]) else { panic!("HELLO with a wrong pair") };
+    assert!(e.starts_with("WRONGPASS"), "{e}");
+    assert_eq!(c.cmd(&["MULTI"]), Value::Ok("OK".into()));
+    assert_eq!(c.cmd(&["SET", "k", "1"]), Value::Ok("QUEUED".into()));
+    assert!(matches!(c.cmd(&["SUBSCRIBE", "ch"]), Value::Err(_)));
+    let Value::Err(e) = c.cmd(&["EXEC"]) else { panic!("EXEC") };
+    assert!(e.starts_with("EXECABORT"), "{e}");
+    assert_eq!(c.cmd(&["GET", "k"]), Value::Bulk(None), "nothing of the transaction ran");
+    assert_eq!(c.cmd(&["RESET"]), Value::Ok("RESET".into()));
+    let Value::Err(e) = c.cmd(&["GET", "k"]) else { panic!("GET after RESET") };
+    assert!(e.starts_with("NOAUTH"), "{e}");
+
+    let mut raw = std::net::TcpStream::connect(proxy.addr).unwrap();
+    raw.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    raw.write_all(b"*3\r\n$4\r\nAUTH\r\n$3\r\napp\r\n$6\r\napp-pw\r\n*2\r\n$5\r\nHELLO\r\n$1\r\n3\r\n").unwrap();
+    raw.write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$2\r\nch\r\n*3\r\n$5\r\nBLPOP\r\n$1\r\nl\r\n$1\r\n0\r\n").unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("while subscribed") {
+        let n = raw.read(&mut buf).expect("the refusal within 10 s");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(server_info(server.port, "blocked_clients"), 0);
+}

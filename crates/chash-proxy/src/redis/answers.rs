@@ -52,9 +52,15 @@ impl RedisSession {
                 while i < args.len() {
                     match String::from_utf8_lossy(&args[i]).to_ascii_uppercase().as_str() {
                         "AUTH" if i + 2 < args.len() => {
-                            let reply = self.auth(Some(&args[i + 1]), &args[i + 2]);
-                            if !self.authed {
-                                return reply;
+                            // A wrong pair refuses the whole HELLO, logged in
+                            // before or not (as Redis does).
+                            // Without logins configured, HELLO's AUTH is taken
+                            // as it always was (no password to check).
+                            let logins = super::access::needs_login(self.pool.spec());
+                            if logins {
+                                if let Err(refused) = self.login_as(Some(&args[i + 1]), &args[i + 2]) {
+                                    return refused;
+                                }
                             }
                             i += 3;
                         }
@@ -144,26 +150,34 @@ impl RedisSession {
     /// `AUTH [user] password`, against the pool's `redis_auth` (the
     /// `default` user) and `users`.
     fn auth(&mut self, user: Option<&[u8]>, password: &[u8]) -> PendingReply {
+        match self.login_as(user, password) {
+            Ok(()) => ready(b"+OK\r\n"),
+            Err(refused) => refused,
+        }
+    }
+
+    /// Logs the client in, or says why not (a wrong pair: `WRONGPASS`;
+    /// Redis keeps the connection's earlier login then, and so does the
+    /// proxy).
+    fn login_as(&mut self, user: Option<&[u8]>, password: &[u8]) -> Result<(), PendingReply> {
         let config = self.pool.config();
         if !super::access::needs_login(&config) {
-            return err(
+            return Err(err(
                 &self.pool,
                 "ERR AUTH <password> called without any password configured for the default user. Are you sure \
                  your configuration is correct?"
                     .into(),
-            );
+            ));
         }
         match super::access::login(&config, user, password) {
             Some(login) => {
                 self.authed = true;
                 self.login = Some(login);
-                ready(b"+OK\r\n")
+                Ok(())
             }
             None => {
-                // Redis keeps the connection's earlier login on a failed
-                // AUTH; so does the proxy.
                 self.pool.counters().auth_failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                err(&self.pool, "WRONGPASS invalid username-password pair or user is disabled.".into())
+                Err(err(&self.pool, "WRONGPASS invalid username-password pair or user is disabled.".into()))
             }
         }
     }

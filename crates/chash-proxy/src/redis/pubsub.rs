@@ -94,7 +94,7 @@ pub(crate) struct Outbox {
     notify: Notify,
     state: AtomicU8,
     /// The client speaks RESP3 (messages as push frames).
-    pub resp3: bool,
+    resp3: std::sync::atomic::AtomicBool,
     pool: Arc<Pool>,
     account: Arc<crate::backend::ReplyAccount>,
 }
@@ -112,7 +112,7 @@ impl Outbox {
             bytes: AtomicUsize::new(0),
             notify: Notify::new(),
             state: AtomicU8::new(OPEN),
-            resp3,
+            resp3: std::sync::atomic::AtomicBool::new(resp3),
             pool,
             account: account.clone(),
         });
@@ -160,6 +160,16 @@ impl Outbox {
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(frame);
         self.notify.notify_one();
         true
+    }
+
+    /// Whether messages go to it as RESP3 push frames.
+    pub(crate) fn resp3(&self) -> bool {
+        self.resp3.load(Relaxed)
+    }
+
+    /// The client switched protocols (`HELLO`).
+    pub(crate) fn set_resp3(&self, resp3: bool) {
+        self.resp3.store(resp3, Relaxed);
     }
 
     /// Ends the stream once what is queued is written (the client left
@@ -338,7 +348,7 @@ impl Hub {
         let mut push = None;
         let mut gone = false;
         for (_, outbox) in list.iter() {
-            let bytes = if outbox.resp3 {
+            let bytes = if outbox.resp3() {
                 push.get_or_insert_with(|| {
                     let mut b = BytesMut::from(&frame[..]);
                     b[0] = b'>';

@@ -158,12 +158,22 @@ impl RedisSession {
     }
 
     /// `RESET`: the transaction discarded, nothing watched, RESP2, no
-    /// client name.
+    /// client name, logged out (a pool with logins asks again).
     pub(super) fn reset(&mut self) {
         self.tx = None;
         self.watch = None;
         self.name = None;
         self.requester.dialect = 0;
+        self.login = None;
+        self.authed = !super::access::needs_login(self.pool.spec());
+    }
+
+    /// The transaction being queued is discarded at `EXEC` (a command it
+    /// cannot hold was sent).
+    pub(super) fn refuse_transaction(&mut self) {
+        if let Some(tx) = self.tx.as_mut() {
+            tx.refused = true;
+        }
     }
 
     /// Redis's `NOPERM` for a command that may change data, asked by a
@@ -171,7 +181,10 @@ impl RedisSession {
     /// functions may write whatever their flags say, except the `_RO`
     /// ones).
     fn refused_to_readonly(&self, name: &str, cmd: &Command) -> Option<PendingReply> {
+        let script_change = name == "SCRIPT"
+            && cmd.args.get(1).is_some_and(|a| a.eq_ignore_ascii_case(b"FLUSH") || a.eq_ignore_ascii_case(b"LOAD"));
         let writes = matches!(name, "EVAL" | "EVALSHA" | "FCALL")
+            || script_change
             || super::command::spec_of(&cmd.args).is_some_and(|spec| spec.write);
         writes.then(|| {
             self.pool.counters().noperm.fetch_add(1, Relaxed);

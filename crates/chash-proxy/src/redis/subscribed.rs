@@ -38,14 +38,17 @@ impl RedisSession {
         let resp3 = self.requester.dialect == 1;
         if let Some((kind, on)) = pubsub_kind(name) {
             if !self.authed {
-                return Step::Reply(super::errors::err(&self.pool, "NOAUTH Authentication required.".into()));
+                let e = super::errors::err_bytes(&self.pool, "NOAUTH Authentication required.".into());
+                return self.reply_or_push(e);
             }
             if self.in_transaction() {
+                // As any command the proxy cannot queue: EXEC then aborts.
+                self.refuse_transaction();
                 let msg = format!("ERR '{}' inside MULTI is not supported by chash-proxy", name.to_ascii_lowercase());
-                return Step::Reply(super::errors::err(&self.pool, msg));
+                return self.reply_or_push(super::errors::err_bytes(&self.pool, msg));
             }
             if on && cmd.args.len() < 2 {
-                return Step::Reply(super::errors::err(&self.pool, super::errors::arity(name)));
+                return self.reply_or_push(super::errors::err_bytes(&self.pool, super::errors::arity(name)));
             }
             return self.subscription(kind, on, cmd).await;
         }
@@ -85,6 +88,18 @@ impl RedisSession {
                 self.pool.counters().errors.fetch_add(1, Relaxed);
                 Step::Taken
             }
+            _ if super::command::spec_of(&cmd.args).is_some_and(|s| s.blocking) => {
+                // Awaited here, a blocked command would keep the proxy from
+                // seeing the client go: refused.
+                outbox.push(super::errors::err_bytes(
+                    &self.pool,
+                    format!(
+                        "ERR '{}' while subscribed is not supported by chash-proxy: block on another connection",
+                        name.to_ascii_lowercase()
+                    ),
+                ));
+                Step::Taken
+            }
             _ => {
                 // RESP3: any command, its reply among the messages.
                 let reply = self.dispatch(cmd).await;
@@ -102,6 +117,8 @@ impl RedisSession {
                     }
                     None => {}
                 }
+                // HELLO 2 turns the messages back into RESP2 arrays.
+                outbox.set_resp3(self.requester.dialect == 1);
                 Step::Taken
             }
         }
