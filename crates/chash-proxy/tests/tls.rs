@@ -232,17 +232,22 @@ fn clients_speak_tls_to_the_proxy() {
     let other = ["--cert".to_owned(), pki.path("other-client.pem"), "--key".to_owned(), pki.path("other-client.key")];
     let (ok, out) = redis_cli_tls(at, &pki, &other, &["PING"]);
     assert!(!ok, "a certificate from another CA: {out}");
+    pki.leaf_for_days("expired-client", "ca", "extendedKeyUsage=clientAuth", -1);
+    let expired =
+        ["--cert".to_owned(), pki.path("expired-client.pem"), "--key".to_owned(), pki.path("expired-client.key")];
+    let (ok, out) = redis_cli_tls(at, &pki, &expired, &["PING"]);
+    assert!(!ok, "an expired certificate: {out}");
     let good = ["--cert".to_owned(), pki.path("client.pem"), "--key".to_owned(), pki.path("client.key")];
     let (ok, out) = redis_cli_tls(at, &pki, &good, &["GET", "over"]);
     assert!(ok && out == "tls", "{out}");
     let stats = &proxy.handle.stats()[0];
-    assert_eq!(stats.get("tls_handshake_errors"), 2, "the two refused clients are counted");
+    assert_eq!(stats.get("tls_handshake_errors"), 3, "the three refused clients are counted");
     // The test's certificates are made for 30 days.
     let left = stats.get("tls_cert_expiry_seconds");
     assert!((29 * 86_400..=30 * 86_400).contains(&left), "{left} s left");
     let metrics = proxy.admin("GET", "/metrics", "").1;
     assert!(metrics.contains("tls_cert_expiry_seconds{pool=\"alpha\"}"), "{metrics}");
-    assert!(metrics.contains("tls_handshake_errors_total{pool=\"alpha\"} 2"), "{metrics}");
+    assert!(metrics.contains("tls_handshake_errors_total{pool=\"alpha\"} 3"), "{metrics}");
     assert_eq!(stats.get("tls_handshakes"), 1);
 }
 

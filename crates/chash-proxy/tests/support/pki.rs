@@ -68,7 +68,7 @@ impl Pki {
     }
 
     /// As [`Pki::leaf`], valid for `days` days from now.
-    pub fn leaf_for_days(&self, name: &str, ca: &str, ext: &str, days: u32) {
+    pub fn leaf_for_days(&self, name: &str, ca: &str, ext: &str, days: i32) {
         let (key, csr, pem) = (format!("{name}.key"), format!("{name}.csr"), format!("{name}.pem"));
         let ext_file = format!("{name}.ext");
         std::fs::write(self.dir.join(&ext_file), format!("{ext}\n")).unwrap();
