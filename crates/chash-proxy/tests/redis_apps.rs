@@ -59,11 +59,8 @@ fn logins_on_both_sides() {
 fn the_keyspace_over_every_server() {
     let servers = [Redis::start(None), Redis::start(None), Redis::start(None)];
     let added = Redis::start(None);
-    let mut yml =
-        String::from("alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n  timeout: 5000\n  servers:\n");
-    for (i, s) in servers.iter().enumerate() {
-        yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
-    }
+    let refs: Vec<&Redis> = servers.iter().collect();
+    let yml = redis_pool(&refs, "  timeout: 5000\n");
     let proxy = Proxy::start(&yml);
     // redis-cli's own scan loop, before the script flushes: 100,000 keys.
     let keys: Vec<String> = (0..100_000).map(|i| format!("cli:{i}")).collect();
@@ -171,8 +168,13 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 fn blocking_pool(servers: &[&Redis], extra: &str) -> String {
-    let mut yml =
-        format!("alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n  hash_tag: \"{{}}\"\n  timeout: 500\n{extra}  servers:\n");
+    redis_pool(servers, &format!("  hash_tag: \"{{}}\"\n  timeout: 500\n{extra}"))
+}
+
+/// A Redis pool (md5, ketama by name: s1, s2, ...) of `servers`, with
+/// `keys` (pool key lines).
+fn redis_pool(servers: &[&Redis], keys: &str) -> String {
+    let mut yml = format!("alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n{keys}  servers:\n");
     for (i, s) in servers.iter().enumerate() {
         yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
     }
@@ -371,11 +373,8 @@ fn a_reliable_queue_processes_every_job_once() {
 fn pubsub_across_proxies() {
     let servers = [Redis::start(None), Redis::start(None), Redis::start(None)];
     let added = Redis::start(None);
-    let mut yml =
-        String::from("alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n  timeout: 5000\n  servers:\n");
-    for (i, s) in servers.iter().enumerate() {
-        yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
-    }
+    let refs: Vec<&Redis> = servers.iter().collect();
+    let yml = redis_pool(&refs, "  timeout: 5000\n");
     let (subs, publisher) = (Proxy::start(&yml), Proxy::start(&yml));
     let line = format!("{}:1 s4", added.id());
     run_script(
@@ -512,12 +511,8 @@ fn run_node(script: &str, args: &[&str]) {
 #[test]
 fn bullmq_and_ioredis_through_the_proxy() {
     let servers = [Redis::start(None), Redis::start(None), Redis::start(None)];
-    let mut yml = String::from(
-        "alpha:\n  listen: 127.0.0.1:0\n  redis: true\n  hash: md5\n  hash_tag: \"{}\"\n  timeout: 5000\n  servers:\n",
-    );
-    for (i, s) in servers.iter().enumerate() {
-        yml.push_str(&format!("   - {}:1 s{}\n", s.id(), i + 1));
-    }
+    let refs: Vec<&Redis> = servers.iter().collect();
+    let yml = redis_pool(&refs, "  hash_tag: \"{}\"\n  timeout: 5000\n");
     let (a, b) = (Proxy::start(&yml), Proxy::start(&yml));
     run_node("bullmq_jobs.js", &["127.0.0.1", &a.addr.port().to_string()]);
     assert!(a.handle.stats()[0].get("blocking_commands") > 0, "BullMQ's workers blocked through the proxy");
