@@ -22,7 +22,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{chash, stderr, stdout};
+use common::{chash, require, stderr, stdout};
 use serde_json::Value;
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -40,16 +40,6 @@ fn free_port() -> u16 {
             return port;
         }
     }
-}
-
-fn require(program: &str, package: &str) -> String {
-    for dir in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/sbin", "/usr/bin"]) {
-        let p = format!("{dir}/{program}");
-        if Path::new(&p).exists() {
-            return p;
-        }
-    }
-    panic!("{program} is not installed: run scripts/test as root (it installs the Debian package {package})")
 }
 
 /// A directory removed when dropped.

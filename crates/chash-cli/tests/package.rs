@@ -3,20 +3,13 @@
 //! `systemd-analyze verify` sees them, and the unit's command line run as
 //! an unprivileged user, serving a pool and stopping on SIGTERM.
 
+mod common;
+use common::require;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn require(program: &str, package: &str) -> String {
-    for dir in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/sbin", "/usr/bin", "/bin"]) {
-        let p = format!("{dir}/{program}");
-        if Path::new(&p).exists() {
-            return p;
-        }
-    }
-    panic!("{program} is not installed: run scripts/test as root (it installs the Debian package {package})")
-}
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();

@@ -389,6 +389,29 @@ fn metric_head(out: &mut String, name: &str, d: &Desc) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
+/// Metric families from labelled lists of numbers: each family once, in
+/// the order its number first appears, with a line per list that has it.
+fn families<'a>(out: &mut String, prefix: &str, lists: impl Iterator<Item = (String, &'a Vec<(Desc, u64)>)>) {
+    let mut order: Vec<(Desc, String)> = Vec::new();
+    for (labels, list) in lists {
+        for (d, value) in list {
+            let at = match order.iter().position(|(o, _)| o.name == d.name) {
+                Some(at) => at,
+                None => {
+                    order.push((*d, String::new()));
+                    order.len() - 1
+                }
+            };
+            let name = metric_name(prefix, d);
+            let _ = writeln!(order[at].1, "{name}{{{labels}}} {value}");
+        }
+    }
+    for (d, lines) in order {
+        metric_head(out, &metric_name(prefix, &d), &d);
+        out.push_str(&lines);
+    }
+}
+
 fn metrics(registry: &Registry) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "# HELP chash_uptime_seconds Seconds since the proxy started.");
@@ -434,24 +457,15 @@ fn metrics(registry: &Registry) -> String {
     for p in &pools {
         let _ = writeln!(out, "chash_pool_locally_ejected{{pool=\"{}\"}} {}", label(&p.name), p.locally_ejected.len());
     }
-    let Some(first) = pools.first() else { return out };
-    for (at, (d, _)) in first.counters.iter().enumerate() {
-        let name = metric_name("chash_pool", d);
-        metric_head(&mut out, &name, d);
-        for p in &pools {
-            let _ = writeln!(out, "{name}{{pool=\"{}\"}} {}", label(&p.name), p.counters[at].1);
-        }
-    }
+    // Pools need not carry the same numbers (a TLS pool has its
+    // certificates' expiry): each metric lists the pools that have it.
+    families(&mut out, "chash_pool", pools.iter().map(|p| (format!("pool=\"{}\"", label(&p.name)), &p.counters)));
     let servers = || pools.iter().flat_map(|p| p.servers.iter().map(move |s| (p, s)));
-    let Some((_, any)) = servers().next() else { return out };
     let labels =
         |p: &PoolSnapshot, s: &ServerSnapshot| format!("pool=\"{}\",server=\"{}\"", label(&p.name), label(&s.id));
-    for (at, (d, _)) in any.counters.iter().enumerate() {
-        let name = metric_name("chash_server", d);
-        metric_head(&mut out, &name, d);
-        for (p, s) in servers() {
-            let _ = writeln!(out, "{name}{{{}}} {}", labels(p, s), s.counters[at].1);
-        }
+    families(&mut out, "chash_server", servers().map(|(p, s)| (labels(p, s), &s.counters)));
+    if servers().next().is_none() {
+        return out;
     }
     let up = Desc { name: "up", kind: Kind::Gauge, help: "1 when the server takes keys and is reachable." };
     metric_head(&mut out, "chash_server_up", &up);

@@ -36,3 +36,15 @@ pub fn stdout(o: &Output) -> String {
 pub fn stderr(o: &Output) -> String {
     String::from_utf8(o.stderr.clone()).unwrap()
 }
+
+/// The path of `program` (from PATH, /usr/sbin or /usr/bin); a test that
+/// needs one that is missing fails, naming the Debian package that has it.
+pub fn require(program: &str, package: &str) -> String {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':').chain(["/usr/sbin", "/usr/bin", "/bin"]) {
+        let p = format!("{dir}/{program}");
+        if std::path::Path::new(&p).exists() {
+            return p;
+        }
+    }
+    panic!("{program} is not installed: run scripts/test as root (it installs the Debian package {package})")
+}

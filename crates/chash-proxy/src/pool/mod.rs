@@ -285,8 +285,14 @@ impl Pool {
         let expiry = expiry.into_iter().filter_map(|(left, name, help)| {
             left.map(|s| (crate::stats::Desc { name, kind: crate::stats::Kind::Gauge, help }, s.max(0) as u64))
         });
+        let limit = crate::stats::Desc {
+            name: "client_connections_limit",
+            kind: crate::stats::Kind::Gauge,
+            help: "The pool's client_connections: most client connections it accepts (0: no limit).",
+        };
         let counters = described(PoolCounters::DESCS, per_worker)
             .chain(described(PoolEvents::DESCS, self.events.values()))
+            .chain([(limit, u64::from(self.spec.client_connections))])
             .chain(expiry);
         PoolSnapshot {
             name: self.name.clone(),

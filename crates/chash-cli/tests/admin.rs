@@ -1,8 +1,13 @@
-//! The admin endpoint over HTTPS (`--admin-tls-cert`, `--admin-tls-key`,
+//! The admin endpoint. Over HTTPS (`--admin-tls-cert`, `--admin-tls-key`,
 //! `--admin-tls-client-ca`), off loopback with its token; certificates
 //! reloaded on SIGHUP; the warning for a certificate that expires within
-//! 14 days, for a pool's certificate and the admin endpoint's. The tests
-//! speak TLS with rustls themselves; certificates are made with openssl.
+//! 14 days, for a pool's certificate and the admin endpoint's. Its
+//! `/metrics` as the monitoring kit (`deploy/prometheus`, `deploy/grafana`)
+//! reads it. The tests speak TLS with rustls themselves; certificates are
+//! made with openssl.
+
+mod common;
+use common::require;
 
 #[path = "../../chash-proxy/tests/support/pki.rs"]
 mod pki;
@@ -246,4 +251,124 @@ fn the_admin_endpoint_can_require_client_certificates() {
     let said = String::from_utf8_lossy(&check.stderr);
     assert!(!check.status.success() && said.contains("the admin endpoint"), "{said}");
     assert!(said.contains("client.key"), "names the key: {said}");
+}
+
+fn run_ok(command: &mut Command) -> String {
+    let out = command.output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{command:?}: {said}");
+    said
+}
+
+/// The metric names a text uses: every `chash_...` word.
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut names = std::collections::BTreeSet::new();
+    for (at, _) in text.match_indices("chash_") {
+        if text[..at].chars().next_back().is_some_and(word) {
+            continue;
+        }
+        let end = text[at..].find(|c: char| !word(c)).map_or(text.len(), |n| at + n);
+        names.insert(text[at..end].to_owned());
+    }
+    names
+}
+
+/// Every `expr` of the dashboard (its panels' queries).
+fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                match (k.as_str(), v) {
+                    ("expr", serde_json::Value::String(e)) => out.push(e.clone()),
+                    _ => exprs(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| exprs(v, out)),
+        _ => {}
+    }
+}
+
+/// The monitoring kit: the alert rules pass `promtool check rules` and
+/// their unit tests (`promtool test rules`), which fire every alert; the
+/// dashboard's queries are PromQL promtool accepts; and every metric the
+/// rules and the dashboard name is one a proxy's `/metrics` exports (a
+/// proxy with every kind of metric: a fleet member, TLS to clients and to
+/// servers, a Redis pool, a client limit, the admin endpoint over HTTPS).
+#[test]
+fn the_monitoring_kit_reads_what_the_proxy_exports() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let prometheus = root.join("deploy/prometheus");
+    let rules = std::fs::read_to_string(prometheus.join("chash-alerts.yml")).unwrap();
+    let tests = std::fs::read_to_string(prometheus.join("chash-alerts.test.yml")).unwrap();
+    let dashboard = std::fs::read_to_string(root.join("deploy/grafana/chash-proxies.json")).unwrap();
+    let promtool = require("promtool", "prometheus");
+    run_ok(Command::new(&promtool).args(["check", "rules", "chash-alerts.yml"]).current_dir(&prometheus));
+    let tested =
+        run_ok(Command::new(&promtool).args(["test", "rules", "chash-alerts.test.yml"]).current_dir(&prometheus));
+    assert!(tested.contains("SUCCESS"), "{tested}");
+    let alerts: Vec<&str> = rules.lines().filter_map(|l| l.trim().strip_prefix("- alert: ")).collect();
+    assert!(alerts.len() >= 10, "{alerts:?}");
+    for alert in &alerts {
+        assert!(tests.contains(&format!("alertname: {alert}\n")), "alert {alert} has no unit test");
+    }
+
+    let parsed: serde_json::Value = serde_json::from_str(&dashboard).expect("the dashboard is JSON");
+    let mut queries = Vec::new();
+    exprs(&parsed, &mut queries);
+    assert!(queries.len() >= 20, "{} queries", queries.len());
+    let mut as_rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (i, q) in queries.iter().enumerate() {
+        let q = q.replace("$__rate_interval", "5m").replace("$job", ".*").replace("$pool", ".*");
+        as_rules.push_str(&format!("      - record: dashboard:query{i}\n        expr: |\n          {q}\n"));
+    }
+    let pki = pki::Pki::new();
+    let dashboard_rules = pki.dir.join("dashboard-rules.yml");
+    std::fs::write(&dashboard_rules, as_rules).unwrap();
+    run_ok(Command::new(&promtool).arg("check").arg("rules").arg(&dashboard_rules));
+
+    // A fleet member started from its membership cache (etcd is not there:
+    // its membership metrics say so), with every kind of pool.
+    let (cert, key, ca) = (pki.path("server.pem"), pki.path("server.key"), pki.path("ca.pem"));
+    let (client_cert, client_key) = (pki.path("client.pem"), pki.path("client.key"));
+    let cache = pki.dir.join("membership-cache.yml");
+    std::fs::write(
+        &cache,
+        format!(
+            "# chash membership cache: /kit/config revision 3 (config hash 0); written by the proxy after applying it\n\
+             cache:\n  listen: 127.0.0.1:0\n  client_connections: 100\n  tls_cert: {cert}\n  tls_key: {key}\n\
+             \x20 server_tls: true\n  server_tls_ca: {ca}\n  server_tls_cert: {client_cert}\n  server_tls_key: {client_key}\n\
+             \x20 servers:\n   - 127.0.0.1:41001:1 a\n\
+             sessions:\n  listen: 127.0.0.1:0\n  redis: true\n  servers:\n   - 127.0.0.1:41002:1 b\n"
+        ),
+    )
+    .unwrap();
+    let p = Proxy::start(&[
+        "--membership",
+        "etcd://127.0.0.1:1/kit",
+        "--membership-cache",
+        cache.to_str().unwrap(),
+        "--admin",
+        "127.0.0.1:0",
+        "--admin-tls-cert",
+        &cert,
+        "--admin-tls-key",
+        &key,
+    ]);
+    let metrics = https(p.admin, &ca, None, &get("/metrics")).unwrap();
+    assert!(metrics.starts_with("HTTP/1.1 200"), "{metrics}");
+    let exported: std::collections::BTreeSet<&str> = metrics
+        .split_once("\r\n\r\n")
+        .unwrap()
+        .1
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split(['{', ' ']).next().unwrap())
+        .collect();
+    let used: std::collections::BTreeSet<String> =
+        metric_names(&rules).into_iter().chain(metric_names(&dashboard)).collect();
+    assert!(used.len() >= 25, "{used:?}");
+    let missing: Vec<&String> = used.iter().filter(|n| !exported.contains(n.as_str())).collect();
+    assert!(missing.is_empty(), "the kit uses metrics /metrics does not export: {missing:?}\nexported: {exported:?}");
 }
