@@ -192,6 +192,22 @@ struct FileArgs {
     /// Also print what the change moves (as `chash plan`).
     #[arg(long)]
     plan: bool,
+
+    /// Redis pools: move the data of the keys the change moves (the
+    /// default of a pool with `migrate: true`). Written `armed`: start it
+    /// with `chash migrate start` once every proxy has the file.
+    #[arg(long, conflicts_with = "no_migrate")]
+    migrate: bool,
+
+    /// Do not migrate, even in a pool with `migrate: true` (the keys that
+    /// move are lost to their clients).
+    #[arg(long)]
+    no_migrate: bool,
+
+    /// With --migrate: written `moving` at once, for a file only one proxy
+    /// reads (a fleet must arm first).
+    #[arg(long, requires = "migrate")]
+    now: bool,
 }
 
 /// Runs a `chash config` command: `false` when `--wait` saw proxies lag.
@@ -224,6 +240,16 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
             edited.text = chash::config_edit::set_drain(&edited.text, &edited.after.name, id, now + secs)?;
         }
+        let moves = matches!(edit, Edit::Add(_) | Edit::Remove(_) | Edit::Weight(..));
+        if moves && (file.migrate || (edited.before.migrate && !file.no_migrate)) {
+            let state = if file.now { chash::MigrationState::Moving } else { chash::MigrationState::Armed };
+            let after = edited.after.migrating_from(&edited.before, state)?;
+            edited.text =
+                chash::config_edit::set_migration(&edited.text, &edited.after.name, after.migration.as_ref())?;
+            edited.after = after;
+        } else if file.migrate {
+            anyhow::bail!("--migrate goes with add, remove and weight (the changes that move keys)");
+        }
         if matches!(edit, Edit::Add(_)) {
             // A server the proxy could not connect to would make the file
             // one it refuses: say so now.
@@ -232,6 +258,12 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
         Ok(edited)
     };
     if let Some(url) = &file.etcd {
+        if file.migrate {
+            anyhow::bail!(
+                "--migrate with --etcd is not built yet (the fleet's acknowledgement barrier); migrate a file fleet \
+                 (chash migrate start --check ...) or one proxy (its admin endpoint, ?migrate=true)"
+            );
+        }
         return edit_stored(url, &file, change, &edit);
     }
     let Some(config) = &file.config else { anyhow::bail!("name the config: -c FILE or --etcd URL/PREFIX") };

@@ -199,7 +199,7 @@ fn check(urls: Vec<String>, config: Option<PathBuf>) -> Result<bool> {
 }
 
 /// `GET /stats` of an admin endpoint, parsed.
-fn fetch_stats(url: &str) -> Result<Value> {
+pub(crate) fn fetch_stats(url: &str) -> Result<Value> {
     // (https URLs are refused before any is asked.)
     let rest = url.strip_prefix("http://").unwrap_or(url);
     let (authority, base) = match rest.split_once('/') {

@@ -17,6 +17,7 @@ mod etcd_tls;
 mod fleet;
 mod hash;
 mod keys;
+mod migrate;
 mod plan;
 mod pool_args;
 mod progress;
@@ -34,6 +35,8 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once per run: the proxy's many flags cost nothing worth boxing.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Print the server that owns each key (KEY<TAB>ID).
     Route(route::RouteArgs),
@@ -53,6 +56,8 @@ enum Command {
     Config(config_cmd::ConfigArgs),
     /// Check that a fleet of proxies places keys alike.
     Fleet(fleet::FleetArgs),
+    /// A Redis pool's migration (a change made with --migrate): status, start, finish.
+    Migrate(migrate::MigrateArgs),
     /// Print a shell completion script (bash, zsh, fish, ...).
     Completions(docs::CompletionsArgs),
     /// Write man pages for chash and every subcommand into a directory.
@@ -107,6 +112,11 @@ fn main() -> ExitCode {
         },
         Command::Completions(args) => docs::completions::<Cli>(args),
         Command::Man(args) => docs::man::<Cli>(args),
+        Command::Migrate(args) => match migrate::run(args) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
         Command::Fleet(args) => match fleet::run(args) {
             Ok(true) => Ok(()),
             Ok(false) => return ExitCode::from(1),

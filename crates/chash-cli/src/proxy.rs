@@ -233,6 +233,27 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "ID", requires = "membership")]
     proxy_id: Option<String>,
 
+    /// Redis pools migrating (`migrate`): keys the background mover moves
+    /// per second, at most (0: no limit). Keys used by commands move at
+    /// once whatever this says.
+    #[arg(long, value_name = "N", default_value_t = chash_proxy::MoveSettings::default().keys_per_second)]
+    migrate_keys_per_second: u64,
+
+    /// Redis pools migrating: bytes the mover moves per second, at most (as
+    /// the servers' MEMORY USAGE counts them; 0: no limit).
+    #[arg(long, value_name = "BYTES", default_value_t = chash_proxy::MoveSettings::default().bytes_per_second)]
+    migrate_bytes_per_second: u64,
+
+    /// Redis pools migrating: keys larger than this (MEMORY USAGE) are
+    /// reported and moved last, one at a time.
+    #[arg(long, value_name = "BYTES", default_value_t = chash_proxy::MoveSettings::default().large_key_bytes)]
+    migrate_large_key: u64,
+
+    /// Redis pools migrating: keys per SCAN and per MIGRATE of the mover.
+    /// Smaller batches block a server for less time at once.
+    #[arg(long, value_name = "N", default_value_t = chash_proxy::MoveSettings::default().batch)]
+    migrate_batch: usize,
+
     /// Serve pool POOL on ADDR instead of the config's `listen` (repeatable):
     /// several proxies from one stored config on one host. The config's
     /// `listen` stays the fleet-wide default.
@@ -690,6 +711,12 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
         options.admin_token = Some(token.to_owned());
     }
     options.lenient_keys = args.lenient_keys;
+    options.migrate = chash_proxy::MoveSettings {
+        keys_per_second: args.migrate_keys_per_second,
+        bytes_per_second: args.migrate_bytes_per_second,
+        large_key_bytes: args.migrate_large_key,
+        batch: args.migrate_batch.clamp(1, 10_000),
+    };
     options.threads = Some(threads);
     options.listen_overrides = listen_overrides(&args.listen_override)?;
     if !options.listen_overrides.is_empty() && args.config.is_none() && args.membership.is_none() {

@@ -207,8 +207,29 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
         },
         (_, ["pools", pool, rest @ ..]) => {
             let Some(pool) = registry.pool(pool) else { return error(404, format!("no pool {pool:?}")) };
-            if let Some(unknown) = query.split('&').filter(|kv| !kv.is_empty()).find(|kv| !kv.starts_with("drain=")) {
-                return error(400, format!("unknown query parameter {unknown:?}: the one there is drain=SECS"));
+            if let Some(unknown) = query
+                .split('&')
+                .filter(|kv| !kv.is_empty())
+                .find(|kv| !kv.starts_with("drain=") && !kv.starts_with("migrate="))
+            {
+                return error(
+                    400,
+                    format!(
+                        "unknown query parameter {unknown:?}: the ones there are drain=SECS and migrate=true|false"
+                    ),
+                );
+            }
+            let migrate = match query_value(query, "migrate") {
+                None => None,
+                Some("1" | "true" | "yes") => Some(true),
+                Some("0" | "false" | "no") => Some(false),
+                Some(other) => return error(400, format!("migrate={other:?}: give true or false")),
+            };
+            if migrate == Some(true) && query_value(query, "drain").is_some() {
+                return error(
+                    400,
+                    "drain and migrate do not go together: a Redis pool migrates, a memcached pool drains",
+                );
             }
             let drain = match (method, query_value(query, "drain")) {
                 (_, None) => None,
@@ -247,7 +268,11 @@ fn route(registry: &Registry, method: &str, segs: &[&str], query: &str, body: &s
                     return error(404, format!("no such endpoint: {method} /pools/{}/{}", pool.name(), rest.join("/")))
                 }
             };
-            match registry.edit_draining(pool.name(), &edit, drain) {
+            let result = match drain {
+                Some(_) => registry.edit_draining(pool.name(), &edit, drain),
+                None => registry.edit_migrating(pool.name(), &edit, migrate),
+            };
+            match result {
                 Ok(change) => {
                     let mut v = json!(change);
                     if !change.persisted {
@@ -311,6 +336,16 @@ fn pool_json(p: &PoolSnapshot, counters: bool) -> Value {
     });
     if counters {
         counters_json(&mut v, &p.counters);
+    }
+    if let Some(m) = &p.migration {
+        let large: Vec<Value> = m.large_keys.iter().map(|(k, n)| json!({ "key": k, "bytes": n })).collect();
+        v["migration"] = json!({
+            "state": m.state,
+            "phase": m.phase,
+            "from": m.from,
+            "last_error": m.last_error,
+            "large_keys": large,
+        });
     }
     v
 }

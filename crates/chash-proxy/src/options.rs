@@ -86,6 +86,8 @@ pub struct ProxyOptions {
     /// (several proxies from one stored config on one host). Defaults to
     /// none.
     pub listen_overrides: std::collections::HashMap<String, String>,
+    /// How fast a migration's mover moves keys (Redis pools, `migrate`).
+    pub migrate: crate::pool::MoveSettings,
 }
 
 impl Default for ProxyOptions {
@@ -109,6 +111,7 @@ impl Default for ProxyOptions {
             lenient_keys: false,
             threads: None,
             listen_overrides: std::collections::HashMap::new(),
+            migrate: crate::pool::MoveSettings::default(),
         }
     }
 }

@@ -61,6 +61,13 @@ pub(crate) trait Protocol: Send + Sync {
     /// read from it, for a window, when they miss on their new server).
     fn drains(&self) -> bool;
 
+    /// Its mover of a migration's keys (`migrate`), going as fast as
+    /// `settings` lets it; `None`: the protocol's pools do not migrate.
+    fn mover(&self, settings: crate::pool::MoveSettings) -> Option<crate::pool::Mover> {
+        let _ = settings;
+        None
+    }
+
     /// Serves one client connection until it ends.
     fn serve(&self, stream: ClientStream, client: Client) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }

@@ -195,6 +195,9 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         protocol.prepare(&mut spec.config).map_err(StartError::Pool)?;
         let speech = protocol.speech(&spec.config);
         let pool = Pool::start(spec.config, spec.addresses, workers.clone(), speech).map_err(StartError::Pool)?;
+        if let Some(mover) = protocol.mover(options.migrate) {
+            pool.set_mover(mover);
+        }
         let listen = |addr: &str| -> Result<(TcpListener, SocketAddr), StartError> {
             let failed =
                 |source| StartError::Listen { what: format!("pool {:?}", pool.name()), addr: addr.to_owned(), source };
@@ -225,6 +228,7 @@ pub async fn start(pools: Vec<PoolSpec>, options: ProxyOptions) -> Result<Runnin
         _ => None,
     };
     let registry = Arc::new(Registry::new(shared.clone(), started).with_admin_tls(admin_tls.clone()));
+    registry.follow_migrations();
     let mut tasks = Vec::new();
     let pool_count = bound.len();
     let (open, connections) = mpsc::channel(1);

@@ -454,16 +454,84 @@ impl Registry {
     /// # Errors
     /// As [`Registry::edit`].
     pub fn edit_draining(&self, pool: &str, edit: &Edit, drain: Option<Duration>) -> Result<Change, PoolError> {
+        self.edit_with(pool, edit, drain, None)
+    }
+
+    /// As [`Registry::edit`], `migrate` (or the pool's `migrate: true`)
+    /// moving the moved keys' data ([`Pool::edit_migrating`]); this proxy
+    /// alone decides, so the migration is `moving` at once. The migration
+    /// is written to the config file with `--persist`, and removed from it
+    /// when it completes.
+    ///
+    /// # Errors
+    /// As [`Registry::edit`], and a pool that cannot migrate.
+    pub fn edit_migrating(&self, pool: &str, edit: &Edit, migrate: Option<bool>) -> Result<Change, PoolError> {
+        self.edit_with(pool, edit, None, migrate)
+    }
+
+    fn edit_with(
+        &self,
+        pool: &str,
+        edit: &Edit,
+        drain: Option<Duration>,
+        migrate: Option<bool>,
+    ) -> Result<Change, PoolError> {
         let p = self.pool(pool).ok_or_else(|| PoolError::UnknownPool(pool.to_owned()))?;
         let o = &self.shared.options;
-        match (&o.config_path, o.persist) {
-            (Some(path), true) => {
-                let write = |name: &str, edit: &Edit, before: &PoolConfig, after: &PoolConfig| {
-                    self.write_edit(path, name, edit, before, after)
-                };
-                p.edit_draining(edit, Some(&write), drain)
+        // `migrate: true` makes it the default for the changes that move keys.
+        let migrate =
+            migrate.unwrap_or(p.spec().migrate && matches!(edit, Edit::Add(_) | Edit::Remove(_) | Edit::Weight(..)));
+        let write = |name: &str, edit: &Edit, before: &PoolConfig, after: &PoolConfig| match &o.config_path {
+            Some(path) => self.write_edit(path, name, edit, before, after),
+            None => Ok(()),
+        };
+        let persist: Option<&crate::pool::Persist<'_>> =
+            if o.persist && o.config_path.is_some() { Some(&write) } else { None };
+        if migrate {
+            p.edit_migrating(edit, persist, chash::MigrationState::Moving)
+        } else {
+            p.edit_draining(edit, persist, drain)
+        }
+    }
+
+    /// Writes a completed migration to the config file (`--persist`): the
+    /// pool's `migrate_from` and `migrate_state` removed, when the file
+    /// still records the migration that completed.
+    fn write_migrated(&self, pool: &str, done: &PoolConfig) {
+        let o = &self.shared.options;
+        let (Some(path), true) = (&o.config_path, o.persist) else { return };
+        let _file = self.file.lock.lock().unwrap_or_else(|e| e.into_inner());
+        let result = (|| -> Result<(), String> {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            let there = chash::config::Config::from_yaml(&text)
+                .and_then(|c| c.pool(Some(pool)))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if there.migration.is_none() || there.servers != done.servers {
+                return Ok(());
             }
-            _ => p.edit_draining(edit, None, drain),
+            let text = chash::config_edit::set_migration(&text, pool, None).map_err(|e| e.to_string())?;
+            chash::config_edit::write_atomically(path, &text)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+            self.file.known.store(content_hash(&text), Relaxed);
+            Ok(())
+        })();
+        match result {
+            Ok(()) => tracing::info!(%pool, "migration complete: written to {}", path.display()),
+            Err(e) => tracing::error!(%pool, "migration complete, but it could not be written to the config file: {e}"),
+        }
+    }
+
+    /// Each pool's completed migrations written to the config file
+    /// (`--persist`).
+    pub(crate) fn follow_migrations(self: &Arc<Self>) {
+        for pool in self.pools() {
+            let me = Arc::downgrade(self);
+            let name = pool.name().to_owned();
+            pool.on_migrated(Box::new(move |done: &PoolConfig| {
+                if let Some(registry) = me.upgrade() {
+                    registry.write_migrated(&name, done);
+                }
+            }));
         }
     }
 
@@ -478,8 +546,16 @@ impl Registry {
     ) -> Result<(), String> {
         let _file = self.file.lock.lock().unwrap_or_else(|e| e.into_inner());
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let edited =
+        let mut edited =
             chash::config_edit::edit_text(&text, Some(pool), edit).map_err(|e| format!("{}: {e}", path.display()))?;
+        if after.migration.is_some() {
+            // A migrating change records where keys were.
+            edited.text = chash::config_edit::set_migration(&edited.text, pool, after.migration.as_ref())
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            edited.after = chash::config::Config::from_yaml(&edited.text)
+                .and_then(|c| c.pool(Some(pool)))
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+        }
         if edited.before.version() != before.version() {
             return Err(format!(
                 "{} was changed since the proxy read it (pool {pool} there has version {}, the proxy {}): reload \

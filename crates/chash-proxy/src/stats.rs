@@ -145,6 +145,8 @@ counters! {
         failovers: Counter,
         /// Load held on all its servers (distribution bounded: requests in flight).
         load: Gauge,
+        /// Migrations (Redis, `migrate`) completed.
+        migrations_completed: Counter,
     }
 }
 
@@ -418,6 +420,23 @@ pub struct PoolSnapshot {
     /// Servers this proxy's health checks took out (`auto_eject_hosts`):
     /// local, not part of the version or fingerprint.
     pub locally_ejected: Vec<String>,
+    /// A migration in progress (its numbers are in `counters`).
+    pub migration: Option<MigrationView>,
+}
+
+/// A migration in progress, as `/stats` shows it.
+#[derive(Clone, Debug)]
+pub struct MigrationView {
+    /// The config's `migrate_state` (`armed`, `moving`).
+    pub state: &'static str,
+    /// Where this proxy is: `hold`, `moving`, `done`.
+    pub phase: &'static str,
+    /// The server lines before the change.
+    pub from: Vec<String>,
+    /// The mover's last error.
+    pub last_error: Option<String>,
+    /// Large keys found (up to 100) and their sizes.
+    pub large_keys: Vec<(String, u64)>,
 }
 
 /// One server's counters at one moment.

@@ -116,6 +116,16 @@ pub struct PoolFile {
     /// file keeps it as a warm-up source (written by `chash config remove
     /// --drain`).
     pub drain: Option<std::collections::BTreeMap<String, u64>>,
+    /// chash (proxy, Redis pools): membership changes move the data of
+    /// the keys that change server (online, by `MIGRATE`); default false.
+    pub migrate: Option<bool>,
+    /// chash (proxy, Redis pools): a migration in progress: the server
+    /// lines before the change (written by `chash config add|remove|weight
+    /// --migrate`, removed when it completes).
+    pub migrate_from: Option<Vec<String>>,
+    /// chash (proxy, Redis pools): the migration's state, `armed` (moved
+    /// keys wait until every proxy of the fleet has the change) or `moving`.
+    pub migrate_state: Option<String>,
     /// chash (proxy): the certificate chain served to clients (PEM file).
     pub tls_cert: Option<String>,
     /// chash (proxy): its private key (PEM file).
@@ -259,6 +269,9 @@ impl PoolFile {
         b = set(b, &self.read, |b, v: String| b.read(&v));
         b = set(b, &self.failover, |b, v: String| b.failover(&v));
         b = set(b, &self.drain, |b, v| b.drain(v.into_iter().collect()));
+        b = set(b, &self.migrate, PoolBuilder::migrate);
+        b = set(b, &self.migrate_from, PoolBuilder::migrate_from);
+        b = set(b, &self.migrate_state, |b, v: String| b.migrate_state(&v));
         let mut tls = crate::pool_config::PoolTls::default();
         tls.cert.clone_from(&self.tls_cert);
         tls.key.clone_from(&self.tls_key);

@@ -104,6 +104,59 @@ pub fn set_drain(text: &str, pool: &str, id: &str, until: u64) -> Result<String>
     Ok(new_text)
 }
 
+/// Sets pool `pool`'s migration record: `migrate_state:` and the
+/// `migrate_from:` list (one `- ` line per server) before its `servers:`
+/// key, in place of the ones it has; `None` removes them (the migration
+/// completed). The rest of the file stays as it is.
+///
+/// # Errors
+/// [`Error::Config`] when the pool or its `servers:` key cannot be found,
+/// or the result does not read back as asked.
+pub fn set_migration(text: &str, pool: &str, migration: Option<&crate::Migration>) -> Result<String> {
+    let mut lines: Vec<String> = text.split('\n').map(str::to_owned).collect();
+    let cannot = |why: &str| Error::Config(format!("pool {pool}: cannot write its migration: {why}"));
+    let (start, _, servers) = pool_block(&lines, pool).map_err(cannot)?;
+    let key_indent = indent(&lines[servers]);
+    let cr = if lines[servers].ends_with('\r') { "\r" } else { "" };
+    // The old record out: each key's line, and a list's items after it.
+    let mut i = start + 1;
+    loop {
+        let (_, end, _) = pool_block(&lines, pool).map_err(cannot)?;
+        if i >= end {
+            break;
+        }
+        let t = lines[i].trim_start();
+        if indent(&lines[i]) == key_indent && (t.starts_with("migrate_state:") || t.starts_with("migrate_from:")) {
+            lines.remove(i);
+            while i < lines.len() && !is_blank_or_comment(&lines[i]) && {
+                let n = indent(&lines[i]);
+                n > key_indent || (n == key_indent && lines[i].trim_start().starts_with("- "))
+            } {
+                lines.remove(i);
+            }
+            continue;
+        }
+        i += 1;
+    }
+    if let Some(m) = migration {
+        let (_, _, servers) = pool_block(&lines, pool).map_err(cannot)?;
+        let pad = " ".repeat(key_indent);
+        let mut record = vec![format!("{pad}migrate_state: {}{cr}", m.state.name()), format!("{pad}migrate_from:{cr}")];
+        for line in &m.from {
+            record.push(format!("{pad} - {line}{cr}"));
+        }
+        for (k, line) in record.into_iter().enumerate() {
+            lines.insert(servers + k, line);
+        }
+    }
+    let new_text = lines.join("\n");
+    let reread = Config::from_yaml(&new_text)?.pool(Some(pool))?;
+    if reread.migration.as_ref() != migration {
+        return Err(Error::Config(format!("pool {pool}: the migration does not read back (a bug)")));
+    }
+    Ok(new_text)
+}
+
 /// Where one pool's `servers:` items are in the file's lines.
 struct ServerList {
     /// Index (in the file's lines) of each item line.
@@ -291,6 +344,38 @@ mod tests {
         let crlf = FILE.replace('\n', "\r\n");
         let e = edit_text(&crlf, Some("web"), &Edit::Weight("10.0.0.3:11211".into(), 1)).unwrap();
         assert_eq!(e.text, crlf);
+    }
+
+    #[test]
+    fn a_migration_is_recorded_and_removed_in_place() {
+        use crate::{Migration, MigrationState};
+        let e = edit_text(FILE, Some("sessions"), &Edit::Add("10.0.1.2:6379:1".parse().unwrap())).unwrap();
+        let after = e.after.migrating_from(&e.before, MigrationState::Armed).unwrap();
+        let armed = set_migration(&e.text, "sessions", after.migration.as_ref()).unwrap();
+        assert!(
+            armed.contains("  migrate_state: armed\n  migrate_from:\n   - 10.0.1.1:6379:1\n  servers:\n"),
+            "{armed}"
+        );
+        let reread = Config::from_yaml(&armed).unwrap().pool(Some("sessions")).unwrap();
+        assert_eq!(reread.migration, after.migration);
+        assert_ne!(reread.version(), e.after.version(), "a migration is part of the version");
+        assert_eq!(reread.migration_source().unwrap().unwrap().servers, e.before.servers);
+        // Moving: the record replaced, not added to.
+        let moving = Migration::new(e.before.lines.clone(), MigrationState::Moving);
+        let text = set_migration(&armed, "sessions", Some(&moving)).unwrap();
+        assert_eq!(text, armed.replace("migrate_state: armed", "migrate_state: moving"));
+        // No other change while it lasts.
+        let refused = edit_text(&text, Some("sessions"), &Edit::Remove("10.0.1.1:6379".into())).unwrap_err();
+        assert!(refused.to_string().contains("is migrating"), "{refused}");
+        // Completed: the file as the change left it.
+        assert_eq!(set_migration(&text, "sessions", None).unwrap(), e.text);
+        // Only Redis pools migrate.
+        let web = Config::from_yaml(FILE).unwrap().pool(Some("web")).unwrap();
+        assert!(web.migrating_from(&web, MigrationState::Moving).is_err());
+        let bad = "p:\n  migrate: true\n  servers:\n   - a:1\n";
+        assert!(Config::from_yaml(bad).unwrap_err().to_string().contains("Redis pools"));
+        let half = "p:\n  redis: true\n  migrate_from:\n   - a:1\n  servers:\n   - a:1\n";
+        assert!(Config::from_yaml(half).unwrap_err().to_string().contains("migrate_state"));
     }
 
     #[test]

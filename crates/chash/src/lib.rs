@@ -68,7 +68,9 @@ pub use hash::KeyHasher;
 pub use membership::{Edit, LineOp};
 pub use node::{LineState, Node, ServerLine};
 pub use placement::{Placement, PointRing};
-pub use pool_config::{PoolBuilder, PoolConfig, PoolTls, RedisAccess, RedisUser, ServerTls, DEFAULT_LISTEN};
+pub use pool_config::{
+    Migration, MigrationState, PoolBuilder, PoolConfig, PoolTls, RedisAccess, RedisUser, ServerTls, DEFAULT_LISTEN,
+};
 pub use ring::{LabelPart, PointLabel, Ring, RingBuilder, RingCandidates, DEFAULT_VNODES, MAX_POINTS};
 pub use snapshot::{Snapshot, FINGERPRINT_PROBES};
 

@@ -140,6 +140,15 @@ impl PoolConfig {
     /// placement errors of the result (weights the algorithm refuses, a full
     /// anchor).
     pub fn apply(&self, edit: &Edit) -> Result<(PoolConfig, Vec<LineOp>)> {
+        if let Some(m) = &self.migration {
+            return Err(Error::Change(format!(
+                "pool {} is migrating (migrate_state: {}; from {} servers): no other change until it completes \
+                 (chash migrate status)",
+                self.name,
+                m.state.name(),
+                m.from.iter().filter(|l| l.is_member()).count()
+            )));
+        }
         let mut l = Lines { lines: self.lines.clone(), ops: Vec::new() };
         let anchor = self.distribution == Distribution::Anchor;
         match edit {
@@ -218,6 +227,52 @@ impl PoolConfig {
             check_jump(self.distribution, &self.servers, &next.servers, edit)?;
         }
         Ok((next, l.ops))
+    }
+
+    /// This pool (after a change) migrating from `before`: its moved keys'
+    /// data moves from their servers in `before` to their servers here.
+    ///
+    /// # Errors
+    /// [`Error::Change`] for a pool that is not a Redis pool, or a change
+    /// that moves nothing between servers that stay (a reload with the
+    /// same servers).
+    pub fn migrating_from(&self, before: &PoolConfig, state: crate::MigrationState) -> Result<PoolConfig> {
+        if !self.redis {
+            return Err(Error::Change(format!(
+                "pool {}: migrate applies to Redis pools (a memcached pool warms up instead: warmup)",
+                self.name
+            )));
+        }
+        if before.lines == self.lines {
+            return Err(Error::Change(format!("pool {}: the change moves no key", self.name)));
+        }
+        let mut next = self.clone();
+        next.migration = Some(crate::Migration::new(before.lines.clone(), state));
+        Ok(next)
+    }
+
+    /// The pool as it was before the change a migration is for: its
+    /// servers are [`Migration::from`](crate::Migration::from); `None`
+    /// without a migration.
+    ///
+    /// # Errors
+    /// Placement errors of those servers.
+    pub fn migration_source(&self) -> Result<Option<PoolConfig>> {
+        let Some(m) = &self.migration else { return Ok(None) };
+        let mut before = self.with_lines(m.from.clone())?;
+        before.migration = None;
+        Ok(Some(before))
+    }
+
+    /// This pool with its migration in `state` (`None`: completed; the
+    /// servers stay).
+    pub fn with_migration_state(&self, state: Option<crate::MigrationState>) -> PoolConfig {
+        let mut next = self.clone();
+        next.migration = match (state, &self.migration) {
+            (Some(state), Some(m)) => Some(crate::Migration::new(m.from.clone(), state)),
+            _ => None,
+        };
+        next
     }
 
     /// This pool with other `servers:` lines (checked, and the placement
@@ -319,6 +374,16 @@ impl PoolConfig {
         for line in &self.lines {
             text.push('\n');
             text.push_str(&line.to_string());
+        }
+        // A migration changes where moved keys are read and written: it is
+        // part of the version (proxies armed and moving differ).
+        if let Some(m) = &self.migration {
+            text.push_str("\nmigrate ");
+            text.push_str(m.state.name());
+            for line in &m.from {
+                text.push('\n');
+                text.push_str(&line.to_string());
+            }
         }
         format!("{:016x}", KeyHasher::Xxh3.hash(text.as_bytes()))
     }

@@ -99,11 +99,67 @@ pub struct PoolConfig {
     /// Removed servers that stay warm-up sources until a Unix time
     /// (`drain`: id to seconds), for the reload that removes them.
     pub drain: Vec<(String, u64)>,
+    /// Membership changes move moved keys' data (`migrate`; Redis pools;
+    /// default false).
+    pub migrate: bool,
+    /// A migration in progress (`migrate_from`, `migrate_state`): the
+    /// server lines before the change that started it.
+    pub migration: Option<Migration>,
     /// TLS to clients and to servers (file paths; the proxy reads them).
     pub tls: PoolTls,
     /// Redis credentials: the proxy's own login to its servers and the
     /// users clients log in as (`server_user`, `server_password`, `users`).
     pub access: RedisAccess,
+}
+
+/// A Redis pool's membership change whose moved keys are being moved:
+/// `servers:` is the new membership, [`Migration::from`] the one before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Migration {
+    /// The `servers:` lines before the change (`migrate_from`).
+    pub from: Vec<ServerLine>,
+    /// Where the migration is (`migrate_state`).
+    pub state: MigrationState,
+}
+
+/// Where a migration is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrationState {
+    /// The change is known, nothing moves yet: commands on moved keys wait
+    /// (up to the pool's timeout) until every proxy of the fleet has the
+    /// change (`armed`).
+    Armed,
+    /// Moved keys are moved: on access, and in the background (`moving`).
+    Moving,
+}
+
+impl MigrationState {
+    /// Its name in the config file.
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrationState::Armed => "armed",
+            MigrationState::Moving => "moving",
+        }
+    }
+}
+
+impl std::str::FromStr for MigrationState {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<MigrationState> {
+        match s {
+            "armed" => Ok(MigrationState::Armed),
+            "moving" => Ok(MigrationState::Moving),
+            other => Err(Error::Config(format!("migrate_state: {other:?}: use armed or moving"))),
+        }
+    }
+}
+
+impl Migration {
+    /// A migration from `from` (the pool before a change) in `state`.
+    pub fn new(from: Vec<ServerLine>, state: MigrationState) -> Migration {
+        Migration { from, state }
+    }
 }
 
 /// Who logs in where, in a Redis pool: the proxy to its servers
@@ -464,6 +520,9 @@ pub struct PoolBuilder {
     read: Option<String>,
     failover: Option<String>,
     drain: Vec<(String, u64)>,
+    migrate: Option<bool>,
+    migrate_from: Option<Vec<String>>,
+    migrate_state: Option<String>,
     tls: PoolTls,
     access: RedisAccess,
 }
@@ -516,6 +575,9 @@ impl PoolBuilder {
             read: None,
             failover: None,
             drain: Vec::new(),
+            migrate: None,
+            migrate_from: None,
+            migrate_state: None,
             tls: PoolTls::default(),
             access: RedisAccess::default(),
         }
@@ -657,6 +719,37 @@ impl PoolBuilder {
         self
     }
 
+    setter!(
+        /// `migrate` (Redis pools).
+        migrate: bool
+    );
+    setter!(
+        /// `migrate_state`: `armed` or `moving` (with `migrate_from`).
+        migrate_state: &str
+    );
+
+    /// `migrate_from`: the server lines before the change a migration is
+    /// moving keys for.
+    pub fn migrate_from(mut self, lines: Vec<String>) -> Self {
+        self.migrate_from = Some(lines);
+        self
+    }
+
+    /// A migration in progress, parsed already.
+    pub fn migration(mut self, migration: Option<Migration>) -> Self {
+        match migration {
+            Some(m) => {
+                self.migrate_from = Some(m.from.iter().map(ToString::to_string).collect());
+                self.migrate_state = Some(m.state.name().to_owned());
+            }
+            None => {
+                self.migrate_from = None;
+                self.migrate_state = None;
+            }
+        }
+        self
+    }
+
     /// Servers, parsed already (lines in any state).
     pub fn servers(mut self, servers: Vec<ServerLine>) -> Self {
         self.servers.extend(servers);
@@ -706,6 +799,23 @@ impl PoolBuilder {
         let servers: Vec<ServerLine> = lines.iter().filter(|l| l.state == LineState::Active).cloned().collect();
         if self.warmup_secs.is_some_and(|w| w > 0) && self.redis == Some(true) {
             return Err(Error::Config("warmup applies to memcached pools (redis is true)".into()));
+        }
+        let migration = match (&self.migrate_from, &self.migrate_state) {
+            (None, None) => None,
+            (Some(from), Some(state)) => {
+                let from = from.iter().map(|l| l.parse()).collect::<Result<Vec<ServerLine>>>()?;
+                if !from.iter().any(|l| l.state == LineState::Active) {
+                    return Err(Error::Config("migrate_from: no server of it takes keys".into()));
+                }
+                Some(Migration { from, state: state.parse()? })
+            }
+            (Some(_), None) => return Err(Error::Config("migrate_from needs migrate_state (armed or moving)".into())),
+            (None, Some(_)) => return Err(Error::Config("migrate_state needs migrate_from".into())),
+        };
+        if (self.migrate == Some(true) || migration.is_some()) && self.redis != Some(true) {
+            return Err(Error::Config(
+                "migrate applies to Redis pools (redis is not true): a memcached pool warms up instead (warmup)".into(),
+            ));
         }
         if self.blocking_connections.is_some() && self.redis != Some(true) {
             return Err(Error::Config("blocking_connections applies to Redis pools (redis is not true)".into()));
@@ -778,6 +888,8 @@ impl PoolBuilder {
                 Some(other) => return Err(Error::Config(format!("failover: {other:?}: use none or next"))),
             },
             drain: self.drain,
+            migrate: self.migrate.unwrap_or(false),
+            migration,
             tls: self.tls,
             access: self.access,
         };

@@ -272,6 +272,22 @@ impl Server {
         Pending { rx }
     }
 
+    /// `data` on every connection of the server (every dialect, every
+    /// worker): once each is answered, every request queued on the server
+    /// before this call has been answered (each connection is FIFO).
+    pub async fn submit_everywhere(
+        &self,
+        data: Bytes,
+        framing: &'static dyn Framing,
+        requester: &Requester,
+    ) -> Vec<Pending> {
+        let mut out = Vec::new();
+        for queue in self.queues.iter().flatten().flatten() {
+            out.push(self.enqueue(queue, data.clone(), framing, 1, requester).await);
+        }
+        out
+    }
+
     /// A connection of the requester's own, in its dialect: an idle one
     /// released by another client, or a new one (connecting now).
     pub fn pin(&self, requester: &Requester) -> Pinned {

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::routing::{moved_fraction, routing_of, Change, Measure, Persist};
 use super::warm::{unexpired, warm_sources};
-use super::{Ejection, Member, Pool, PoolError, PoolState, Previous};
+use super::{Ejection, Member, Migration, Mover, Pool, PoolError, PoolState, Previous};
 
 impl Pool {
     /// Applies a membership edit: the pool's config changes by
@@ -40,12 +40,69 @@ impl Pool {
         persist: Option<&Persist<'_>>,
         drain: Option<Duration>,
     ) -> Result<Change, PoolError> {
+        self.edit_with(edit, persist, drain, None)
+    }
+
+    /// As [`Pool::edit`], the moved keys' data moved (`migrate`): the new
+    /// config records the servers before the change, in `state` (this
+    /// proxy alone: `moving`; a fleet's proxies first `armed`).
+    ///
+    /// # Errors
+    /// As [`Pool::edit`], and a pool that cannot migrate (not Redis, no
+    /// mover, random distribution).
+    pub fn edit_migrating(
+        &self,
+        edit: &Edit,
+        persist: Option<&Persist<'_>>,
+        state: chash::MigrationState,
+    ) -> Result<Change, PoolError> {
+        self.edit_with(edit, persist, None, Some(state))
+    }
+
+    /// The config `edit` makes of this pool's, migrating when `migrate`
+    /// says so (without applying it).
+    ///
+    /// # Errors
+    /// As [`Pool::edit_migrating`].
+    pub fn planned(&self, edit: &Edit, migrate: Option<chash::MigrationState>) -> Result<PoolConfig, PoolError> {
+        self.plan(&self.lock(), edit, migrate)
+    }
+
+    fn plan(
+        &self,
+        config: &PoolConfig,
+        edit: &Edit,
+        migrate: Option<chash::MigrationState>,
+    ) -> Result<PoolConfig, PoolError> {
+        let err = |source| PoolError::Placement { pool: self.name.clone(), source };
+        let (next, _) = config.apply(edit).map_err(err)?;
+        match migrate {
+            None => Ok(next),
+            Some(state) => {
+                if self.mover.get().is_none() {
+                    return Err(PoolError::Placement {
+                        pool: self.name.clone(),
+                        source: chash::Error::Change("only Redis pools migrate".into()),
+                    });
+                }
+                next.migrating_from(config, state).map_err(err)
+            }
+        }
+    }
+
+    fn edit_with(
+        &self,
+        edit: &Edit,
+        persist: Option<&Persist<'_>>,
+        drain: Option<Duration>,
+        migrate: Option<chash::MigrationState>,
+    ) -> Result<Change, PoolError> {
         let mut config = self.lock();
+        let next = self.plan(&config, edit, migrate)?;
         let old = self.state.load_full();
-        let (next, _) =
-            config.apply(edit).map_err(|source| PoolError::Placement { pool: self.name.clone(), source })?;
         let members = self.members_for(&next, &old.members)?;
-        let new = self.state_for(&next, members)?;
+        let mut new = self.state_for(&next, members)?;
+        new.migration = self.migration_for(&next, &new.members, Some(&old))?;
         let persisted = match persist {
             Some(write) => {
                 write(&self.name, edit, &config, &next)
@@ -135,7 +192,8 @@ impl Pool {
             config.check_reload(&new).map_err(err)?;
         }
         let members = self.members_for(&new, &old.members)?;
-        let state = self.state_for(&new, members)?;
+        let mut state = self.state_for(&new, members)?;
+        state.migration = self.migration_for(&new, &state.members, Some(&old))?;
         self.tls
             .reconfigure(&self.name, &new.tls)
             .map_err(|source| PoolError::Tls { pool: self.name.clone(), source })?;
@@ -193,6 +251,7 @@ impl Pool {
             fingerprint,
             previous: Vec::new(),
             failover,
+            migration: None,
         })
     }
 
@@ -217,6 +276,11 @@ impl Pool {
         let new = Arc::new(new);
         self.store(new.clone());
         drop(config);
+        if let Some(m) = &new.migration {
+            if !old.migration.as_ref().is_some_and(|o| Arc::ptr_eq(o, m)) {
+                self.start_mover(m.clone());
+            }
+        }
         self.events.membership_changes.fetch_add(1, Relaxed);
         let moved_fraction = moved_fraction(old, &new, measure);
         tracing::info!(pool = %self.name, moved = format!("{:.4}", moved_fraction), live_servers, version = %version, "{what}");
@@ -247,6 +311,7 @@ impl Pool {
             fingerprint: old.fingerprint.clone(),
             previous: unexpired(&old.previous),
             failover: old.failover,
+            migration: old.migration.clone(),
         };
         // On a connection's thread: only an exact (cheap) measure of what
         // moved, no sampling.
@@ -271,7 +336,115 @@ impl Pool {
             fingerprint: old.fingerprint.clone(),
             previous: unexpired(&old.previous).into_iter().map(|p| p.pruned(at).map_or(p, Arc::new)).collect(),
             failover: old.failover,
+            migration: old.migration.clone(),
         };
         self.store(Arc::new(new));
+    }
+
+    /// The migration `config` records, for a state with `members`: the
+    /// same one when `old` has it (a reload that changes nothing of it),
+    /// else the placement before the change, over the servers kept, the
+    /// old state's, or new ones.
+    pub(super) fn migration_for(
+        &self,
+        config: &PoolConfig,
+        members: &[Member],
+        old: Option<&PoolState>,
+    ) -> Result<Option<Arc<Migration>>, PoolError> {
+        if config.migration.is_none() {
+            return Ok(None);
+        }
+        let old_migration = old.and_then(|o| o.migration.as_ref());
+        if let Some(m) = old_migration.filter(|m| m.same_as(config)) {
+            return Ok(Some(m.clone()));
+        }
+        let err = |source| PoolError::Placement { pool: self.name.clone(), source };
+        let Some(before) = config.migration_source().map_err(err)? else { return Ok(None) };
+        if before.distribution == Distribution::Random {
+            return Err(err(chash::Error::Change("a random pool has no key places to migrate".into())));
+        }
+        let known = |id: &str| -> Option<Arc<crate::backend::Server>> {
+            let old_members = old.map(|o| o.members.as_slice()).unwrap_or_default();
+            members
+                .iter()
+                .chain(old_members)
+                .find(|m| m.line.id == id)
+                .map(|m| m.server.clone())
+                .or_else(|| old_migration.and_then(|m| m.sources().into_iter().find(|s| s.id() == id)))
+        };
+        let mut previous = Vec::new();
+        for line in before.members() {
+            let server = match known(&line.id) {
+                Some(s) => s,
+                None => self.start_server(line.clone())?,
+            };
+            let ejected = (line.state != LineState::Active).then_some(Ejection::Admin);
+            previous.push(Member { line: line.clone(), server, ejected });
+        }
+        let snapshot = before.snapshot().map_err(err)?;
+        let routing = routing_of(&before, Some(&snapshot), &previous)?
+            .ok_or_else(|| err(chash::Error::Change("no server took keys before the change".into())))?;
+        // The same migration in another state keeps its progress.
+        let progress = old_migration
+            .filter(|m| config.migration.as_ref().is_some_and(|c| c.from == m.from))
+            .map(|m| m.progress.clone())
+            .unwrap_or_default();
+        let servers = previous.into_iter().map(|m| m.server).collect();
+        Ok(Migration::new(routing, servers, config, progress).map(Arc::new))
+    }
+
+    /// Sets the protocol's mover; a migration the pool started with
+    /// (a restart during one) starts moving now.
+    pub(crate) fn set_mover(&self, mover: Mover) {
+        if self.mover.set(mover).is_ok() {
+            if let Some(m) = self.state().migration.clone() {
+                self.start_mover(m);
+            }
+        }
+    }
+
+    /// What to do when a migration completes (the registry persists it).
+    pub(crate) fn on_migrated(&self, f: super::OnMigrated) {
+        let _ = self.on_migrated.set(f);
+    }
+
+    fn start_mover(&self, m: Arc<Migration>) {
+        let (Some(mover), Some(me)) = (self.mover.get(), self.me.get().and_then(std::sync::Weak::upgrade)) else {
+            return;
+        };
+        tracing::info!(pool = %self.name, state = m.state.name(), "migration: moving the keys the change moves");
+        tokio::spawn((mover.run)(me, m, mover.settings));
+    }
+
+    /// The mover found no moved key left on any server keys moved from:
+    /// the migration completes (moved keys go straight to their servers)
+    /// and the config no longer records it. Nothing happens when `m` is
+    /// no longer the pool's migration.
+    pub fn migration_done(&self, m: &Arc<Migration>) {
+        let mut config = self.lock();
+        let old = self.state.load_full();
+        if !old.migration.as_ref().is_some_and(|o| Arc::ptr_eq(o, m)) {
+            return;
+        }
+        m.advance(super::Phase::Done);
+        self.events.migrations_completed.fetch_add(1, Relaxed);
+        *config = config.with_migration_state(None);
+        let new = PoolState {
+            members: old.members.clone(),
+            routing: old.routing.clone(),
+            model: old.model.clone(),
+            version: config.version(),
+            fingerprint: old.fingerprint.clone(),
+            previous: unexpired(&old.previous),
+            failover: old.failover,
+            migration: None,
+        };
+        self.store(Arc::new(new));
+        let done = config.clone();
+        drop(config);
+        tracing::info!(pool = %self.name, version = %done.version(), "migration complete: no moved key is left on the servers it moved from");
+        if let Some(f) = self.on_migrated.get() {
+            f(&done);
+        }
     }
 }

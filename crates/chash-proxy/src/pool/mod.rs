@@ -24,6 +24,7 @@
 mod change;
 mod error;
 mod health;
+mod migration;
 mod routing;
 #[cfg(test)]
 mod tests;
@@ -42,12 +43,18 @@ use crate::stats::{described, PerWorker, PoolCounters, PoolEvents, PoolSnapshot,
 use crate::workers::Workers;
 
 pub use error::PoolError;
+pub use migration::MoveSettings;
+pub(crate) use migration::{Migration, Phase};
+pub(crate) use migration::{MoveFuture, Mover};
 use routing::next_random;
 pub use routing::Change;
 #[cfg(test)]
 pub(crate) use routing::Routing;
-pub(crate) use routing::{Ejection, Member, PoolState, Previous};
+pub(crate) use routing::{Ejection, Member, Persist, PoolState, Previous};
 pub(crate) use warm::KeyWrites;
+
+/// What a pool calls with its config when a migration completes.
+pub(crate) type OnMigrated = Box<dyn Fn(&PoolConfig) + Send + Sync>;
 
 /// A pool of servers.
 pub struct Pool {
@@ -74,6 +81,8 @@ pub struct Pool {
     before_return: Option<Setup>,
     /// Set while the state has warm-up sources.
     warming: std::sync::atomic::AtomicBool,
+    /// Set while the state has a migration.
+    migrating: std::sync::atomic::AtomicBool,
     /// Counters of events that are not per request.
     events: PoolEvents,
     /// TLS to clients and servers, reloadable.
@@ -81,6 +90,13 @@ pub struct Pool {
     /// State a protocol keeps for the whole pool (Redis: its pub/sub
     /// subscriptions), made when first asked for.
     extension: std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>,
+    /// The pool itself, for the tasks it starts (its migrations' movers).
+    me: std::sync::OnceLock<std::sync::Weak<Pool>>,
+    /// Its protocol's mover of migrations' keys (Redis).
+    mover: std::sync::OnceLock<Mover>,
+    /// Called with the config when a migration completes (`--persist`
+    /// writes it to the file).
+    on_migrated: std::sync::OnceLock<OnMigrated>,
 }
 
 impl fmt::Debug for Pool {
@@ -149,6 +165,7 @@ impl Pool {
             fingerprint: String::new(),
             previous: Vec::new(),
             failover: false,
+            migration: None,
         };
         let pool = Arc::new(Pool {
             name: config.name.clone(),
@@ -162,15 +179,22 @@ impl Pool {
             writes: KeyWrites::default(),
             tls,
             extension: std::sync::OnceLock::new(),
+            me: std::sync::OnceLock::new(),
+            mover: std::sync::OnceLock::new(),
+            on_migrated: std::sync::OnceLock::new(),
             protocol: speech.protocol,
             probe: speech.probe,
             before_return: speech.before_return,
             warming: std::sync::atomic::AtomicBool::new(false),
+            migrating: std::sync::atomic::AtomicBool::new(false),
             workers,
             events: PoolEvents::default(),
         });
-        pool.state.store(Arc::new(pool.state_for(&config, members)?));
+        let mut state = pool.state_for(&config, members)?;
+        state.migration = pool.migration_for(&config, &state.members, None)?;
+        pool.store(Arc::new(state));
         let _ = cell.set(Arc::downgrade(&pool));
+        let _ = pool.me.set(Arc::downgrade(&pool));
         pool.start_retries();
         Ok(pool)
     }
@@ -241,7 +265,14 @@ impl Pool {
     /// Swaps a new state in.
     fn store(&self, state: Arc<PoolState>) {
         self.warming.store(!state.previous.is_empty(), Relaxed);
+        self.migrating.store(state.migration.is_some(), Relaxed);
         self.state.store(state);
+    }
+
+    /// Whether a migration is in progress (one relaxed load: the requests'
+    /// fast path asks it first).
+    pub fn migrating(&self) -> bool {
+        self.migrating.load(Relaxed)
     }
 
     /// Whether a warm-up window is open (one relaxed load: the requests'
@@ -293,7 +324,8 @@ impl Pool {
         let counters = described(PoolCounters::DESCS, per_worker)
             .chain(described(PoolEvents::DESCS, self.events.values()))
             .chain([(limit, u64::from(self.spec.client_connections))])
-            .chain(expiry);
+            .chain(expiry)
+            .chain(state.migration.as_deref().map(migration::numbers).unwrap_or_default());
         PoolSnapshot {
             name: self.name.clone(),
             listen: self.spec.listen.clone(),
@@ -303,6 +335,7 @@ impl Pool {
             counters: counters.collect(),
             version: state.version.clone(),
             fingerprint: state.fingerprint.clone(),
+            migration: state.migration.as_deref().map(migration::view),
             locally_ejected: state
                 .members
                 .iter()

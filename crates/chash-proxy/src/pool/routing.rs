@@ -80,6 +80,9 @@ pub(crate) struct PoolState {
     /// Keys of failed-over servers go to their next candidates
     /// (`failover: next`, replicas).
     pub failover: bool,
+    /// A migration in progress (Redis pools, `migrate`): where keys were
+    /// before the change.
+    pub migration: Option<Arc<super::Migration>>,
 }
 
 /// A placement a membership change replaced, kept as a warm-up source:
@@ -120,7 +123,7 @@ impl Previous {
 impl Routing {
     /// The index of `key`'s member (any member, for random).
     #[inline]
-    fn member_for(&self, key: &[u8]) -> Option<usize> {
+    pub(super) fn member_for(&self, key: &[u8]) -> Option<usize> {
         Some(match self {
             Routing::Placed { snapshot, to_member } => to_member[snapshot.route_index(key)?],
             Routing::Random(live) => live[(next_random() % live.len() as u64) as usize],
@@ -205,6 +208,34 @@ impl PoolState {
             out.extend(owner.map(|m| self.members[m].server.clone()));
         }
         out
+    }
+
+    /// The servers keys are on: the live members', and during a migration
+    /// those keys still move from (a removed server's until it is empty).
+    pub(crate) fn key_servers(&self) -> Vec<Arc<Server>> {
+        let mut out: Vec<Arc<Server>> = self.live().map(|m| m.server.clone()).collect();
+        if let Some(m) = self.migration.as_ref().filter(|m| m.phase() != super::Phase::Done) {
+            for s in m.sources() {
+                if !out.iter().any(|o| Arc::ptr_eq(o, &s)) {
+                    out.push(s);
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether `key`, found on `server`, is listed from there: its server
+    /// now, or (during a migration) its server before the change while it
+    /// has not moved.
+    pub(crate) fn lists_key_on(&self, key: &[u8], server: &Arc<Server>) -> bool {
+        if self.server_for(key).is_some_and(|s| Arc::ptr_eq(s, server)) {
+            return true;
+        }
+        self.migration
+            .as_ref()
+            .filter(|m| m.phase() != super::Phase::Done)
+            .and_then(|m| m.source_for(key))
+            .is_some_and(|s| Arc::ptr_eq(s, server))
     }
 
     /// Members taking keys now.
@@ -329,4 +360,4 @@ pub struct Change {
 
 /// Writes a pool's membership edit to the config file (`--persist`):
 /// `(pool, edit, config before, config after)`, or why it could not.
-pub(super) type Persist<'a> = dyn Fn(&str, &Edit, &PoolConfig, &PoolConfig) -> Result<(), String> + Send + Sync + 'a;
+pub(crate) type Persist<'a> = dyn Fn(&str, &Edit, &PoolConfig, &PoolConfig) -> Result<(), String> + Send + Sync + 'a;

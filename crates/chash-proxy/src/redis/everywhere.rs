@@ -107,7 +107,7 @@ impl RedisSession {
         if members {
             state.members.iter().map(|m| m.server.clone()).collect()
         } else {
-            state.live().map(|m| m.server.clone()).collect()
+            state.key_servers()
         }
     }
 
@@ -226,7 +226,7 @@ impl RedisSession {
         };
         let (servers, tag) = {
             let state = pool.state();
-            (state.live().map(|m| m.server.clone()).collect::<Vec<_>>(), membership_tag(&state))
+            (state.key_servers(), membership_tag(&state))
         };
         let cursor = if n == 0 { Cursor { server: 0, index: 0, tag } } else { Cursor::unpack(n) };
         if cursor.tag != tag {
@@ -449,7 +449,7 @@ fn key_list(pool: &Pool, next: Option<u64>, lists: &[(Arc<Server>, Vec<Bytes>)])
     let mut n = 0usize;
     for (server, keys) in lists {
         for k in keys {
-            if text_of(k).is_some_and(|key| state.server_for(key).is_some_and(|s| Arc::ptr_eq(s, server))) {
+            if text_of(k).is_some_and(|key| state.lists_key_on(key, server)) {
                 body.extend_from_slice(k);
                 n += 1;
             }

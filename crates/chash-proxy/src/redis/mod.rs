@@ -16,6 +16,9 @@
 //! answered by the proxy; after `HELLO 3` a client's requests go on the
 //! servers' RESP3 connections. Everything that cannot be routed by key is
 //! refused with an error naming the command and the reason.
+//!
+//! A membership change with `migrate` moves the moved keys' data
+//! (`migrate`): on access first, and by a mover in the background.
 
 pub(crate) mod access;
 mod answers;
@@ -26,6 +29,7 @@ mod errors;
 mod everywhere;
 pub(crate) mod handshake;
 pub(crate) mod keyspec;
+mod migrate;
 pub(crate) mod protocol;
 mod pubsub;
 pub mod resp;

@@ -48,6 +48,11 @@ impl Protocol for Redis {
         false
     }
 
+    /// Keys move with `MIGRATE`.
+    fn mover(&self, settings: crate::pool::MoveSettings) -> Option<crate::pool::Mover> {
+        Some(super::migrate::mover(settings))
+    }
+
     fn serve(&self, stream: crate::conn::ClientStream, c: Client) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         let session = RedisSession::new(c.pool.clone(), c.shared.clone(), c.requester.clone());
         c.serve(stream, session)

@@ -59,6 +59,8 @@ struct Transaction {
     /// Why it will be discarded at `EXEC`, if a command was refused.
     refused: bool,
     bytes: usize,
+    /// Its commands' keys (moved first at `EXEC` during a migration).
+    keys: Vec<Bytes>,
 }
 
 /// A client counted in `blocked_clients` while it lives (its reply
@@ -231,7 +233,15 @@ impl RedisSession {
         if self.tx.is_some() && !matches!(name, "MULTI" | "EXEC" | "DISCARD" | "WATCH" | "QUIT") {
             return self.queue(name, cmd);
         }
-        match route(name, &cmd.args) {
+        let route = route(name, &cmd.args);
+        if pool.migrating() {
+            if let Some(positions) = keys_of(&route, cmd.args.len()) {
+                if let Err(refused) = self.move_first(positions.iter().map(|&p| &cmd.args[p])).await {
+                    return refused;
+                }
+            }
+        }
+        match route {
             Route::Transaction => self.transaction(name, cmd).await,
             Route::Proxy => self.proxy_command(name, &cmd),
             Route::Script => self.script(cmd).await,
@@ -422,6 +432,11 @@ impl RedisSession {
     /// after the keys are watched even when it pipelines them.
     async fn watch(&mut self, cmd: Command) -> PendingReply {
         let pool = self.pool.clone();
+        if pool.migrating() {
+            if let Err(refused) = self.move_first(cmd.args[1..].iter()).await {
+                return refused;
+            }
+        }
         let server = {
             let state = pool.state();
             let mut server: Option<Arc<Server>> = self.watch.as_ref().map(|w| w.server.clone());
@@ -490,6 +505,9 @@ impl RedisSession {
         };
         let state = pool.state();
         for p in positions {
+            if pool.migrating() {
+                tx.keys.push(cmd.args[p].clone());
+            }
             let Some(s) = state.server_for(&cmd.args[p]) else {
                 tx.refused = true;
                 return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
@@ -529,6 +547,16 @@ impl RedisSession {
         }
         if tx.commands.is_empty() && watch.is_none() {
             return ready(b"*0\r\n");
+        }
+        // A migration began while it was queued: its keys move first, and
+        // it runs where they are now (watched keys: where they were
+        // watched; the migration moving them aborts the transaction).
+        let mut tx = tx;
+        if self.pool.migrating() && watch.is_none() && !tx.keys.is_empty() {
+            if let Err(refused) = self.move_first(tx.keys.iter()).await {
+                return refused;
+            }
+            tx.server = self.pool.state().server_for(&tx.keys[0]).cloned();
         }
         let server = match tx.server {
             Some(s) => s,

@@ -1,0 +1,286 @@
+//! `chash migrate`: a Redis pool's migration (a membership change made with
+//! `--migrate`) watched, started and finished.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use chash::config::Config;
+use chash::config_edit::{pick_pool, set_migration, write_atomically};
+use chash::MigrationState;
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use crate::fleet::fetch_stats;
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+A Redis pool with `migrate: true` (or a change made with --migrate) moves the
+data of the keys a membership change moves: a command on a moved key first
+moves it (MIGRATE from its server before the change to its server now), and
+each proxy's mover moves the rest in the background. The config records the
+change with the servers before it (`migrate_from`) and its state
+(`migrate_state`):
+
+  armed    every proxy has the change; moved keys wait (up to the pool's
+           timeout, then -TRYAGAIN) and nothing moves. A proxy still on the
+           old config writes moved keys to their old servers, so nothing may
+           move before every proxy is armed.
+  moving   keys move. A proxy still armed holds moved keys: it writes them
+           nowhere, so moving proxies and armed ones never disagree.
+  (none)   every proxy found no moved key left on the servers keys moved
+           from; moved keys go straight to their servers.
+
+With a config file shared by several proxies:
+  chash config add -c pool.yml --migrate '10.0.0.4:6379:1 d' -i    # armed
+  chash migrate start -c pool.yml -i --check http://10.0.0.1:22223 --check http://10.0.0.2:22223
+  chash migrate status http://10.0.0.1:22223 http://10.0.0.2:22223 --watch
+  chash migrate finish -c pool.yml -i --check http://10.0.0.1:22223 --check http://10.0.0.2:22223
+
+One proxy alone: `chash config add --migrate --now` (moving at once), or its
+admin endpoint: POST /pools/POOL/servers?migrate=true (with --persist the
+record is written to the file and removed when the migration completes).")]
+pub struct MigrateArgs {
+    #[command(subcommand)]
+    command: MigrateCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum MigrateCommand {
+    /// Each proxy's migrations: state, keys moved and left, rate, ETA.
+    Status {
+        /// The proxies' admin endpoints (http://HOST:PORT).
+        #[arg(value_name = "ADMIN_URL", required = true)]
+        urls: Vec<String>,
+        /// Ask again every --interval seconds until no proxy is migrating
+        /// (a progress bar on a terminal).
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between two looks with --watch.
+        #[arg(long, value_name = "SECS", default_value_t = 1.0)]
+        interval: f64,
+    },
+    /// An armed migration to `moving`, once every proxy runs the armed change.
+    Start {
+        #[command(flatten)]
+        file: FileTarget,
+    },
+    /// A completed migration's record removed from the file, once every
+    /// proxy completed it.
+    Finish {
+        #[command(flatten)]
+        file: FileTarget,
+    },
+}
+
+#[derive(Args, Debug)]
+struct FileTarget {
+    /// The config file.
+    #[arg(short = 'c', long = "config", value_name = "FILE")]
+    config: PathBuf,
+    /// The pool (may be left out when the file has one).
+    #[arg(long, value_name = "NAME")]
+    pool: Option<String>,
+    /// Write the new file here instead of standard output.
+    #[arg(short = 'o', long = "output", value_name = "OUT", conflicts_with = "in_place")]
+    output: Option<PathBuf>,
+    /// Write the new file back to FILE (atomically).
+    #[arg(short = 'i', long = "in-place")]
+    in_place: bool,
+    /// A proxy reading the file (its admin endpoint; repeat for each): each
+    /// must run the armed change (start) or have completed it (finish).
+    #[arg(long = "check", value_name = "ADMIN_URL", required_unless_present = "force")]
+    check: Vec<String>,
+    /// Skip the check (you know every proxy is where it must be).
+    #[arg(long)]
+    force: bool,
+}
+
+pub fn run(args: MigrateArgs) -> Result<bool> {
+    match args.command {
+        MigrateCommand::Status { urls, watch, interval } => status(&urls, watch, interval),
+        MigrateCommand::Start { file } => start(&file),
+        MigrateCommand::Finish { file } => finish(&file),
+    }
+}
+
+/// A pool's migration as one proxy reports it.
+struct Seen {
+    source: String,
+    pool: String,
+    migration: Option<Value>,
+    numbers: Value,
+}
+
+fn look(urls: &[String]) -> Result<Vec<Seen>> {
+    let mut out = Vec::new();
+    for url in urls {
+        let stats = fetch_stats(url).with_context(|| format!("{url}: cannot ask it"))?;
+        for p in stats["pools"].as_array().cloned().unwrap_or_default() {
+            out.push(Seen {
+                source: url.clone(),
+                pool: p["name"].as_str().unwrap_or("?").to_owned(),
+                migration: p.get("migration").cloned(),
+                numbers: p,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or(0)
+}
+
+fn status(urls: &[String], watch: bool, interval: f64) -> Result<bool> {
+    let bar = (watch && std::io::stderr().is_terminal()).then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        if let Ok(style) = indicatif::ProgressStyle::with_template("migrating [{bar:30}] {pos}/{len} keys moved  {msg}")
+        {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar
+    });
+    loop {
+        let seen = look(urls)?;
+        let migrating: Vec<&Seen> = seen.iter().filter(|s| s.migration.is_some()).collect();
+        let mut out = std::io::stdout().lock();
+        if !watch || bar.is_none() {
+            for s in &seen {
+                let Some(m) = &s.migration else {
+                    writeln!(
+                        out,
+                        "{}  {}: not migrating ({} migrations completed)",
+                        s.source,
+                        s.pool,
+                        n(&s.numbers, "migrations_completed")
+                    )?;
+                    continue;
+                };
+                let v = &s.numbers;
+                writeln!(
+                    out,
+                    "{}  {}: {} ({}), moved {} + {} on access, scanned {} of {}, ~{} left, {} keys/s, ETA {} s, {} large, {} conflicts, {} errors{}",
+                    s.source,
+                    s.pool,
+                    m["state"].as_str().unwrap_or("?"),
+                    m["phase"].as_str().unwrap_or("?"),
+                    n(v, "migration_keys_moved"),
+                    n(v, "migration_keys_moved_on_access"),
+                    n(v, "migration_keys_scanned"),
+                    n(v, "migration_keys_total"),
+                    n(v, "migration_keys_remaining"),
+                    n(v, "migration_keys_per_second"),
+                    n(v, "migration_eta_seconds"),
+                    n(v, "migration_large_keys"),
+                    n(v, "migration_conflicts"),
+                    n(v, "migration_errors"),
+                    m["last_error"].as_str().map(|e| format!("; last error: {e}")).unwrap_or_default(),
+                )?;
+            }
+        }
+        if let Some(bar) = &bar {
+            let moved: u64 = migrating
+                .iter()
+                .map(|s| n(&s.numbers, "migration_keys_moved") + n(&s.numbers, "migration_keys_moved_on_access"))
+                .sum();
+            let left: u64 = migrating.iter().map(|s| n(&s.numbers, "migration_keys_remaining")).sum();
+            bar.set_length(moved + left);
+            bar.set_position(moved);
+            let rate: u64 = migrating.iter().map(|s| n(&s.numbers, "migration_keys_per_second")).sum();
+            bar.set_message(format!("{rate} keys/s, {} proxies migrating", migrating.len()));
+        }
+        if !watch || migrating.is_empty() {
+            if let Some(bar) = &bar {
+                bar.finish_and_clear();
+            }
+            if watch {
+                writeln!(out, "no proxy is migrating")?;
+            }
+            return Ok(true);
+        }
+        drop(out);
+        std::thread::sleep(Duration::from_secs_f64(interval.max(0.05)));
+    }
+}
+
+/// The file, its pool's name and config.
+fn read(file: &FileTarget) -> Result<(String, String, chash::PoolConfig)> {
+    let text =
+        std::fs::read_to_string(&file.config).with_context(|| format!("cannot read {}", file.config.display()))?;
+    let config = Config::from_yaml(&text).with_context(|| file.config.display().to_string())?;
+    let name = pick_pool(&config, file.pool.as_deref())?;
+    let pool = config.pool(Some(&name))?;
+    Ok((text, name, pool))
+}
+
+fn write(file: &FileTarget, text: &str) -> Result<()> {
+    match (file.in_place, &file.output) {
+        (true, _) => {
+            write_atomically(&file.config, text).with_context(|| format!("cannot write {}", file.config.display()))
+        }
+        (false, Some(out)) => write_atomically(out, text).with_context(|| format!("cannot write {}", out.display())),
+        (false, None) => {
+            std::io::stdout().write_all(text.as_bytes())?;
+            Ok(())
+        }
+    }
+}
+
+fn start(file: &FileTarget) -> Result<bool> {
+    let (text, name, pool) = read(file)?;
+    let Some(m) = &pool.migration else { bail!("pool {name} of {} is not migrating", file.config.display()) };
+    if m.state != MigrationState::Armed {
+        bail!("pool {name}'s migration is {} already", m.state.name());
+    }
+    let armed = pool.version();
+    if !file.force {
+        for s in look(&file.check)?.iter().filter(|s| s.pool == name) {
+            let version = s.numbers["membership_version"].as_str().unwrap_or("?");
+            if version != armed {
+                bail!(
+                    "{} runs pool {name} at version {version}, not the armed change's {armed}: it may still write moved \
+                     keys to their old servers; let it reload the file, then start again",
+                    s.source
+                );
+            }
+        }
+    }
+    let moving = pool.with_migration_state(Some(MigrationState::Moving));
+    let text = set_migration(&text, &name, moving.migration.as_ref())?;
+    write(file, &text)?;
+    eprintln!(
+        "chash migrate: pool {name}: moving (version {}); chash migrate status ... --watch follows it",
+        moving.version()
+    );
+    Ok(true)
+}
+
+fn finish(file: &FileTarget) -> Result<bool> {
+    let (text, name, pool) = read(file)?;
+    if pool.migration.is_none() {
+        bail!("pool {name} of {} is not migrating", file.config.display());
+    }
+    let done = pool.with_migration_state(None);
+    if !file.force {
+        for s in look(&file.check)?.iter().filter(|s| s.pool == name) {
+            if let Some(m) = &s.migration {
+                bail!(
+                    "{} is still migrating pool {name} ({}, ~{} keys left): keys not moved yet would be lost to its \
+                     clients; wait for it (chash migrate status --watch)",
+                    s.source,
+                    m["phase"].as_str().unwrap_or("?"),
+                    n(&s.numbers, "migration_keys_remaining")
+                );
+            }
+            if n(&s.numbers, "migrations_completed") == 0 {
+                bail!("{} has not completed pool {name}'s migration (has it reloaded the file?)", s.source);
+            }
+        }
+    }
+    let text = set_migration(&text, &name, None)?;
+    write(file, &text)?;
+    eprintln!("chash migrate: pool {name}: migration record removed (version {})", done.version());
+    Ok(true)
+}

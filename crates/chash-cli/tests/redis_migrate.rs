@@ -1,0 +1,585 @@
+//! Redis pools migrating (issue 28), end to end: real redis-servers, two
+//! `chash proxy` processes reading one config file (a file fleet), the
+//! changes made with `chash config ... --migrate` and `chash migrate
+//! start|finish`, and 20 clients (redis-py, `clients/redis_migrate.py`)
+//! writing and reading through both proxies all along. Every process
+//! started here is killed when its handle drops. The tests take turns.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::require;
+use serde_json::Value;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn free_port() -> u16 {
+    static USED: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut used = USED.lock().unwrap();
+        if !used.contains(&port) {
+            used.push(port);
+            return port;
+        }
+    }
+}
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("chash-migrate-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A redis-server on a loopback port.
+struct Redis {
+    port: u16,
+    child: Child,
+}
+
+impl Redis {
+    fn start() -> Redis {
+        for _ in 0..5 {
+            let port = free_port();
+            let mut child = Command::new(require("redis-server", "redis-server"))
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+                if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                    return Redis { port, child };
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("redis-server did not start");
+    }
+
+    fn id(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn signal(&self, sig: &str) {
+        assert!(Command::new("kill").args([sig, &self.child.id().to_string()]).status().unwrap().success());
+    }
+
+    /// Every key on the server (SCAN to its end).
+    fn keys(&self) -> Vec<String> {
+        let mut c = Resp::connect(SocketAddr::from(([127, 0, 0, 1], self.port)));
+        let mut cursor = "0".to_owned();
+        let mut keys = Vec::new();
+        loop {
+            let reply = c.ask(&["SCAN", &cursor, "COUNT", "1000"]);
+            let Reply::Array(parts) = reply else { panic!("SCAN: {reply:?}") };
+            let (Reply::Bulk(next), Reply::Array(found)) = (&parts[0], &parts[1]) else { panic!("SCAN") };
+            keys.extend(found.iter().map(|k| match k {
+                Reply::Bulk(k) => k.clone(),
+                other => panic!("{other:?}"),
+            }));
+            if next == "0" {
+                return keys;
+            }
+            cursor = next.clone();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.signal_quietly("-CONT");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Redis {
+    fn signal_quietly(&self, sig: &str) -> std::io::Result<std::process::ExitStatus> {
+        Command::new("kill").args([sig, &self.child.id().to_string()]).stderr(Stdio::null()).status()
+    }
+}
+
+/// A RESP reply, as far as these tests read them.
+#[derive(Debug)]
+enum Reply {
+    /// A simple string or an integer (not read here).
+    Other,
+    Bulk(String),
+    Array(Vec<Reply>),
+    Nil,
+}
+
+/// A small blocking RESP client.
+struct Resp {
+    w: TcpStream,
+    r: BufReader<TcpStream>,
+}
+
+impl Resp {
+    fn connect(addr: SocketAddr) -> Resp {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Resp { r: BufReader::new(s.try_clone().unwrap()), w: s }
+    }
+
+    fn ask(&mut self, args: &[&str]) -> Reply {
+        let mut out = format!("*{}\r\n", args.len());
+        for a in args {
+            out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        self.w.write_all(out.as_bytes()).unwrap();
+        self.read()
+    }
+
+    fn read(&mut self) -> Reply {
+        let mut line = String::new();
+        self.r.read_line(&mut line).unwrap();
+        let line = line.trim_end().to_owned();
+        let (kind, rest) = line.split_at(1);
+        match kind {
+            "+" | ":" => Reply::Other,
+            "-" => panic!("error reply: {rest}"),
+            "$" if rest == "-1" => Reply::Nil,
+            "$" => {
+                let n: usize = rest.parse().unwrap();
+                let mut buf = vec![0; n + 2];
+                self.r.read_exact(&mut buf).unwrap();
+                Reply::Bulk(String::from_utf8_lossy(&buf[..n]).into_owned())
+            }
+            "*" => Reply::Array((0..rest.parse::<usize>().unwrap()).map(|_| self.read()).collect()),
+            _ => panic!("unexpected reply {line:?}"),
+        }
+    }
+}
+
+/// A `chash proxy -c FILE` process, its pool on a port of its own
+/// (`--listen-override`), its admin endpoint, and its log.
+struct Proxy {
+    args: Vec<String>,
+    child: Option<Child>,
+    addr: String,
+    admin: String,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proxy {
+    fn start(config: &Path, extra: &[&str]) -> Proxy {
+        let port = free_port();
+        let admin = free_port();
+        let mut args: Vec<String> = vec!["proxy".into(), "-c".into(), config.display().to_string()];
+        args.extend(["--listen-override".into(), format!("cache=127.0.0.1:{port}")]);
+        args.extend([
+            "--admin".into(),
+            format!("127.0.0.1:{admin}"),
+            "--no-stats".into(),
+            "--threads".into(),
+            "1".into(),
+        ]);
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let mut proxy = Proxy {
+            args,
+            child: None,
+            addr: format!("127.0.0.1:{port}"),
+            admin: format!("http://127.0.0.1:{admin}"),
+            log: Arc::default(),
+        };
+        proxy.spawn();
+        proxy
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_chash"))
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let err = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        let log = self.log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                log.lock().unwrap().push(line.clone());
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .unwrap_or_else(|_| panic!("the proxy announces its admin endpoint: {:?}", self.log.lock().unwrap()));
+            if line.contains("admin on http://") {
+                break;
+            }
+        }
+        self.child = Some(child);
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().unwrap().id().to_string();
+        assert!(Command::new("kill").args([sig, &pid]).status().unwrap().success());
+    }
+
+    /// The pool's `/stats` object.
+    fn pool(&self) -> Value {
+        let authority = self.admin.trim_start_matches("http://");
+        let mut s = TcpStream::connect(authority).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "GET /stats HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        let v: Value = serde_json::from_str(out.split_once("\r\n\r\n").unwrap().1).unwrap();
+        v["pools"][0].clone()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn chash(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_chash")).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "chash {args:?}: {text}");
+    text
+}
+
+fn chash_fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_chash")).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "chash {args:?} should fail: {text}");
+    text
+}
+
+fn script() -> String {
+    format!("{}/tests/clients/redis_migrate.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn python(args: &[&str]) -> Value {
+    let out = Command::new(require("python3", "python3")).arg(script()).args(args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let v: Value = serde_json::from_str(text.lines().last().unwrap_or(""))
+        .unwrap_or_else(|_| panic!("redis_migrate.py {args:?}: {text}{}", String::from_utf8_lossy(&out.stderr)));
+    assert!(out.status.success() || args[0] == "verify", "redis_migrate.py {args:?}: {v}");
+    v
+}
+
+fn eventually(secs: u64, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !done() {
+        assert!(Instant::now() < deadline, "not within {secs} s: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The pool's version in the file now.
+fn file_version(config: &Path) -> String {
+    let text = std::fs::read_to_string(config).unwrap();
+    chash::config::Config::from_yaml(&text).unwrap().pool(None).unwrap().version()
+}
+
+/// Waits until every proxy runs the file's version (SIGHUP: a proxy
+/// that does not watch the file reads it too).
+fn all_reloaded(config: &Path, proxies: &[&Proxy]) {
+    let want = file_version(config);
+    for p in proxies {
+        if p.pool()["membership_version"].as_str() != Some(want.as_str()) {
+            p.signal("-HUP");
+        }
+    }
+    eventually(20, "every proxy runs the file's version", || {
+        proxies.iter().all(|p| p.pool()["membership_version"].as_str() == Some(want.as_str()))
+    });
+}
+
+/// `chash migrate start`, then waits until every proxy completed.
+fn migrate_through(config: &Path, proxies: &[&Proxy]) {
+    all_reloaded(config, proxies);
+    let mut args = vec!["migrate".to_owned(), "start".into(), "-c".into(), config.display().to_string(), "-i".into()];
+    for p in proxies {
+        args.extend(["--check".into(), p.admin.clone()]);
+    }
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    chash(&refs);
+    all_reloaded(config, proxies);
+    eventually(180, "every proxy completes the migration", || {
+        proxies.iter().all(|p| {
+            let pool = p.pool();
+            pool.get("migration").is_none() && pool["migrations_completed"].as_u64() >= Some(1)
+        })
+    });
+    let mut finish = refs.clone();
+    finish[1] = "finish";
+    chash(&finish);
+    all_reloaded(config, proxies);
+}
+
+/// No key on a server that does not own it under the file's placement
+/// (`gone`: servers that must be empty).
+fn every_key_on_its_owner(config: &Path, servers: &[&Redis], gone: &[&Redis]) -> usize {
+    let text = std::fs::read_to_string(config).unwrap();
+    let pool = chash::config::Config::from_yaml(&text).unwrap().pool(None).unwrap();
+    let snapshot = pool.snapshot().unwrap();
+    let mut total = 0;
+    for s in servers {
+        let keys = s.keys();
+        total += keys.len();
+        let misplaced: Vec<&String> =
+            keys.iter().filter(|k| snapshot.route(k.as_bytes()).map(str::to_owned) != Some(s.id())).collect();
+        assert!(
+            misplaced.is_empty(),
+            "{} holds {} keys it does not own, e.g. {:?}",
+            s.id(),
+            misplaced.len(),
+            &misplaced[..misplaced.len().min(3)]
+        );
+    }
+    for s in gone {
+        assert_eq!(s.keys().len(), 0, "the removed server {} still holds keys", s.id());
+    }
+    total
+}
+
+fn pool_file(servers: &[&Redis], extra: &str) -> String {
+    let mut yml = format!(
+        "cache:\n  listen: 127.0.0.1:0\n  redis: true\n  distribution: ring\n  timeout: 2000\n  migrate: true\n{extra}  servers:\n"
+    );
+    for (i, s) in servers.iter().enumerate() {
+        yml.push_str(&format!("   - {}:1 s{i}\n", s.id()));
+    }
+    yml
+}
+
+/// The clients' workload, in the background until `stop`.
+struct Work {
+    child: Child,
+    stop: PathBuf,
+}
+
+impl Work {
+    fn start(dir: &TempDir, a: &Proxy, b: &Proxy, state: &Path) -> Work {
+        let stop = dir.path("stop");
+        let child = Command::new(require("python3", "python3"))
+            .arg(script())
+            .args(["work", &a.addr, &b.addr])
+            .arg(state)
+            .arg(&stop)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        Work { child, stop }
+    }
+
+    fn finish(mut self) -> Value {
+        std::fs::write(&self.stop, b"").unwrap();
+        let mut out = String::new();
+        self.child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+        let mut err = String::new();
+        self.child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        assert!(self.child.wait().unwrap().success(), "the clients failed: {out}{err}");
+        serde_json::from_str(out.lines().last().unwrap_or("")).unwrap_or_else(|_| panic!("{out}{err}"))
+    }
+}
+
+fn zero(v: &Value, keys: &[&str]) {
+    for k in keys {
+        assert_eq!(v[k].as_u64(), Some(0), "{k} in {v}");
+    }
+}
+
+/// 100,000 keys of every type on 3 servers; 20 clients through two
+/// proxies; a fourth server added with migration, then one removed with
+/// migration. After each: every key as last acknowledged, TTLs kept, no
+/// read older than an acknowledged write, no key left off its owner.
+#[test]
+fn a_server_added_then_one_removed_without_losing_a_key() {
+    let _turn = serial();
+    let dir = TempDir::new("add-remove");
+    let servers: Vec<Redis> = (0..4).map(|_| Redis::start()).collect();
+    let config = dir.path("pool.yml");
+    std::fs::write(&config, pool_file(&[&servers[0], &servers[1], &servers[2]], "")).unwrap();
+    let a = Proxy::start(&config, &[]);
+    let b = Proxy::start(&config, &[]);
+    let state = dir.path("state.json");
+    python(&["load", &a.addr, "100000", state.to_str().unwrap()]);
+    let work = Work::start(&dir, &a, &b, &state);
+    std::thread::sleep(Duration::from_secs(1));
+
+    let file = config.to_str().unwrap();
+    let added = format!("{}:1 s3", servers[3].id());
+    chash(&["config", "add", "-c", file, "--migrate", &added, "-i"]);
+    assert!(std::fs::read_to_string(&config).unwrap().contains("migrate_state: armed"));
+    migrate_through(&config, &[&a, &b]);
+    let s: Vec<&Redis> = servers.iter().collect();
+    every_key_on_its_owner(&config, &s, &[]);
+    assert!(servers[3].keys().len() > 15_000, "the new server took its share");
+
+    chash(&["config", "remove", "-c", file, "--migrate", &servers[1].id(), "-i"]);
+    migrate_through(&config, &[&a, &b]);
+    let stats = work.finish();
+    zero(&stats, &["older_reads", "wrong_loaded"]);
+    assert!(stats["writes"].as_u64().unwrap() > 1000, "{stats}");
+    let verified = python(&["verify", &a.addr, state.to_str().unwrap()]);
+    zero(&verified, &["loaded_wrong", "ttl_off", "lost_writes", "counters_off", "lists_off"]);
+    let total = every_key_on_its_owner(&config, &[&servers[0], &servers[2], &servers[3]], &[&servers[1]]);
+    assert!(total >= 100_000, "{total} keys");
+    eprintln!("clients: {stats}; verified: {verified}");
+}
+
+/// Mid-move, one proxy is killed (SIGKILL) and started again, and a server
+/// keys move from is paused (SIGSTOP) for 2 s: the move resumes and
+/// completes, and nothing is lost.
+#[test]
+fn a_killed_proxy_and_a_paused_server_lose_nothing() {
+    let _turn = serial();
+    let dir = TempDir::new("kill");
+    let servers: Vec<Redis> = (0..4).map(|_| Redis::start()).collect();
+    let config = dir.path("pool.yml");
+    std::fs::write(&config, pool_file(&[&servers[0], &servers[1], &servers[2]], "")).unwrap();
+    // Slow movers, so that the kill and the pause land mid-move.
+    let slow = ["--migrate-keys-per-second", "4000"];
+    let mut a = Proxy::start(&config, &slow);
+    let b = Proxy::start(&config, &slow);
+    let state = dir.path("state.json");
+    python(&["load", &a.addr, "50000", state.to_str().unwrap()]);
+    let work = Work::start(&dir, &a, &b, &state);
+    let file = config.to_str().unwrap();
+    let added = format!("{}:1 s3", servers[3].id());
+    chash(&["config", "add", "-c", file, "--migrate", &added, "-i"]);
+    all_reloaded(&config, &[&a, &b]);
+    chash(&["migrate", "start", "-c", file, "-i", "--check", &a.admin, "--check", &b.admin]);
+    eventually(20, "the move is under way", || a.pool()["migration_keys_moved"].as_u64() > Some(1000));
+    a.kill();
+    std::thread::sleep(Duration::from_millis(500));
+    a.spawn();
+    servers[0].signal("-STOP");
+    std::thread::sleep(Duration::from_secs(2));
+    servers[0].signal("-CONT");
+    eventually(180, "both proxies complete", || {
+        [&a, &b]
+            .iter()
+            .all(|p| p.pool().get("migration").is_none() && p.pool()["migrations_completed"].as_u64() >= Some(1))
+    });
+    chash(&["migrate", "finish", "-c", file, "-i", "--check", &a.admin, "--check", &b.admin]);
+    let stats = work.finish();
+    zero(&stats, &["older_reads", "wrong_loaded"]);
+    let verified = python(&["verify", &b.addr, state.to_str().unwrap()]);
+    zero(&verified, &["loaded_wrong", "ttl_off", "lost_writes", "counters_off", "lists_off"]);
+    let s: Vec<&Redis> = servers.iter().collect();
+    every_key_on_its_owner(&config, &s, &[]);
+    eprintln!("clients: {stats}; verified: {verified}");
+}
+
+/// The barrier: while a proxy still runs the old config (it does not watch
+/// the file), `chash migrate start` refuses and no key moves; once it has
+/// the armed change (SIGHUP), the move starts. A proxy alone migrates
+/// through its admin endpoint (moving at once, persisted, and the record
+/// removed when done). Without migration the same change loses keys.
+#[test]
+fn no_key_moves_before_every_proxy_is_armed() {
+    let _turn = serial();
+    let dir = TempDir::new("barrier");
+    let servers: Vec<Redis> = (0..4).map(|_| Redis::start()).collect();
+    let config = dir.path("pool.yml");
+    std::fs::write(&config, pool_file(&[&servers[0], &servers[1], &servers[2]], "")).unwrap();
+    let a = Proxy::start(&config, &[]);
+    let b = Proxy::start(&config, &["--no-watch"]);
+    let state = dir.path("state.json");
+    python(&["load", &a.addr, "10000", state.to_str().unwrap()]);
+    let file = config.to_str().unwrap();
+    let added = format!("{}:1 s3", servers[3].id());
+    chash(&["config", "add", "-c", file, "--migrate", &added, "-i"]);
+    all_reloaded(&config, &[&a]);
+    let refused = chash_fails(&["migrate", "start", "-c", file, "-i", "--check", &a.admin, "--check", &b.admin]);
+    assert!(refused.contains("not the armed change"), "{refused}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(servers[3].keys().len(), 0, "no key moved while a proxy was not armed");
+    // Armed, a moved key's command waits (and then is refused, retryable).
+    let mut c = Resp::connect(a.addr.parse().unwrap());
+    let text = std::fs::read_to_string(&config).unwrap();
+    let snapshot = chash::config::Config::from_yaml(&text).unwrap().pool(None).unwrap().snapshot().unwrap();
+    let moved_key = (0..10_000 / 7)
+        .map(|i| format!("string:{}", i * 7))
+        .find(|k| snapshot.route(k.as_bytes()).map(str::to_owned) == Some(servers[3].id()))
+        .unwrap();
+    c.w.write_all(format!("*2\r\n$3\r\nGET\r\n${}\r\n{moved_key}\r\n", moved_key.len()).as_bytes()).unwrap();
+    let mut line = String::new();
+    c.r.read_line(&mut line).unwrap();
+    assert!(line.starts_with("-TRYAGAIN"), "{line}");
+    b.signal("-HUP");
+    all_reloaded(&config, &[&a, &b]);
+    migrate_through(&config, &[&a, &b]);
+    let verified = python(&["verify", &a.addr, state.to_str().unwrap()]);
+    zero(&verified, &["loaded_wrong", "ttl_off"]);
+    drop((a, b));
+
+    // One proxy alone, through its admin endpoint, persisting.
+    std::fs::write(&config, pool_file(&[&servers[0], &servers[2], &servers[3]], "")).unwrap();
+    let p = Proxy::start(&config, &["--persist"]);
+    let http = |method: &str, path: &str, body: &str| -> String {
+        let authority = p.admin.trim_start_matches("http://");
+        let mut s = TcpStream::connect(authority).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let answer = http("POST", "/pools/cache/servers?migrate=true", &format!("{}:1 s1", servers[1].id()));
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    eventually(60, "the proxy completes its migration", || p.pool()["migrations_completed"].as_u64() >= Some(1));
+    eventually(10, "the record leaves the file", || !std::fs::read_to_string(&config).unwrap().contains("migrate_"));
+    let verified = python(&["verify", &p.addr, state.to_str().unwrap()]);
+    zero(&verified, &["loaded_wrong", "ttl_off"]);
+    let s: Vec<&Redis> = servers.iter().collect();
+    every_key_on_its_owner(&config, &s, &[]);
+
+    // Without migration: the keys that move are lost to their clients.
+    let answer = http("DELETE", &format!("/pools/cache/servers/{}?migrate=false", servers[3].id()), "");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let verified = python(&["verify", &p.addr, state.to_str().unwrap()]);
+    let lost = verified["loaded_wrong"].as_u64().unwrap();
+    eprintln!("without migration, removing a server of four lost {lost} of 10,000 keys");
+    assert!(lost > 1000, "{verified}");
+}

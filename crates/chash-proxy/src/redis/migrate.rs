@@ -1,0 +1,491 @@
+//! A migration's keys moved between Redis servers with `MIGRATE` (atomic
+//! per key, the TTL kept): a command on a moved key first moves it
+//! ([`RedisSession::move_first`]), and the mover ([`MOVER`]) scans every
+//! server keys move from and moves the rest in batches, throttled, large
+//! keys last. `MIGRATE` answers `NOKEY` for a key already moved (or never
+//! there): every step can be repeated, so a restarted proxy, or two
+//! proxies at once, move each key once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use chash::MigrationState;
+use std::sync::atomic::Ordering::Relaxed;
+
+use super::errors::{err, forward_error};
+use super::resp::{array_items, encode_array, integer, WHOLE};
+use super::session::RedisSession;
+use crate::backend::{Address, Pinned, Reply, ReplyAccount, Requester, Server};
+use crate::conn::{ready_owned, PendingReply};
+use crate::pool::{Migration, MoveFuture, MoveSettings, Mover, Phase, Pool};
+
+/// The Redis mover, with `settings`.
+pub(crate) fn mover(settings: MoveSettings) -> Mover {
+    Mover { run, settings }
+}
+
+fn run(pool: Arc<Pool>, m: Arc<Migration>, settings: MoveSettings) -> MoveFuture {
+    Box::pin(move_all(pool, m, settings))
+}
+
+/// What `MIGRATE` said.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    /// Moved (`+OK`).
+    Moved,
+    /// None of the keys was there: moved already, or never written.
+    NoKey,
+    /// A key is on the destination already (`-BUSYKEY`).
+    Busy,
+    /// Anything else: the reply, or why there was none.
+    Failed(String),
+}
+
+fn outcome(reply: Result<Reply, crate::backend::BackendError>) -> Outcome {
+    match reply {
+        Ok(Reply::Whole(f)) if f.starts_with(b"+OK") => Outcome::Moved,
+        Ok(Reply::Whole(f)) if f.starts_with(b"+NOKEY") => Outcome::NoKey,
+        Ok(Reply::Whole(f)) if f.starts_with(b"-BUSYKEY") => Outcome::Busy,
+        Ok(Reply::Whole(f)) => Outcome::Failed(String::from_utf8_lossy(f.strip_suffix(b"\r\n").unwrap_or(&f)).into()),
+        Ok(Reply::Stream(_)) => Outcome::Failed("an unexpected reply".into()),
+        Err(e) => Outcome::Failed(e.to_string()),
+    }
+}
+
+/// `MIGRATE host port "" db timeout [AUTH ...] KEYS key...` from a key's
+/// server before the change to `to`, as the proxy reaches `to` (the
+/// servers must reach each other at the addresses the proxy uses).
+fn migrate_command(pool: &Pool, to: &Server, timeout: Duration, keys: &[Bytes]) -> Result<Bytes, String> {
+    let Address::Tcp(addr) = to.address() else {
+        return Err(format!("server {} is not reached over TCP: MIGRATE needs HOST:PORT", to.id()));
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| format!("server address {addr} has no port"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let db = pool.spec().redis_db.to_string();
+    let ms = timeout.as_millis().max(1).to_string();
+    let mut args: Vec<&[u8]> = vec![b"MIGRATE", host.as_bytes(), port.as_bytes(), b"", db.as_bytes(), ms.as_bytes()];
+    match super::access::server_login(pool.spec()) {
+        Some(("default", pw)) => args.extend([b"AUTH".as_slice(), pw.as_bytes()]),
+        Some((user, pw)) => args.extend([b"AUTH2".as_slice(), user.as_bytes(), pw.as_bytes()]),
+        None => {}
+    }
+    args.push(b"KEYS");
+    args.extend(keys.iter().map(|k| k.as_ref()));
+    let mut out = BytesMut::new();
+    encode_array(&mut out, args.into_iter());
+    Ok(out.freeze())
+}
+
+fn command(args: &[&[u8]]) -> Bytes {
+    let mut out = BytesMut::new();
+    encode_array(&mut out, args.iter().copied());
+    out.freeze()
+}
+
+/// The keys `MIGRATE` refused as already on `to` moved one by one; a key
+/// on both is resolved for the destination's copy (the source's can only
+/// be a write that raced the move, which no proxy acknowledged after the
+/// key moved): the source's copy is deleted.
+async fn settle_busy(
+    pool: &Pool,
+    m: &Migration,
+    from: &Server,
+    to: &Server,
+    keys: &[Bytes],
+    requester: &Requester,
+) -> Result<(), String> {
+    let timeout = pool.spec().timeout.unwrap_or(Duration::from_secs(5));
+    for key in keys {
+        let one = migrate_command(pool, to, timeout, std::slice::from_ref(key))?;
+        let pending = from.submit(one, WHOLE, requester).await;
+        match outcome(from.finish(pending).await) {
+            Outcome::Moved | Outcome::NoKey => {}
+            Outcome::Busy => {
+                let pending = from.submit(command(&[b"DEL", key]), WHOLE, requester).await;
+                if let Outcome::Failed(e) = outcome(from.finish(pending).await.map(|r| match r {
+                    Reply::Whole(f) if f.starts_with(b":") => Reply::Whole(Bytes::from_static(b"+OK\r\n")),
+                    other => other,
+                })) {
+                    return Err(e);
+                }
+                m.progress.conflicts.fetch_add(1, Relaxed);
+                tracing::warn!(
+                    pool = %pool.name(), from = %from.id(), to = %to.id(), key = %String::from_utf8_lossy(key),
+                    "migration: the key was on both servers; the copy on its new server is kept"
+                );
+            }
+            Outcome::Failed(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Moves `keys` from `from` to `to` on the pool's connections to `from`
+/// (after the requester's earlier requests to it).
+async fn move_now(
+    pool: &Pool,
+    m: &Migration,
+    from: &Server,
+    to: &Server,
+    keys: &[Bytes],
+    requester: &Requester,
+) -> Result<bool, String> {
+    let timeout = pool.spec().timeout.unwrap_or(Duration::from_secs(5));
+    let data = migrate_command(pool, to, timeout, keys)?;
+    let pending = from.submit(data, WHOLE, requester).await;
+    match outcome(from.finish(pending).await) {
+        Outcome::Moved => Ok(true),
+        Outcome::NoKey => Ok(false),
+        Outcome::Busy => settle_busy(pool, m, from, to, keys, requester).await.map(|()| true),
+        Outcome::Failed(e) => Err(e),
+    }
+}
+
+impl RedisSession {
+    /// A migration in progress: the moved keys among `keys` are moved to
+    /// their servers now before the command runs there (a command's keys
+    /// all first). While the migration holds (`armed`, or its first
+    /// moments), this waits up to the pool's timeout.
+    pub(super) async fn move_first<'a>(&self, keys: impl Iterator<Item = &'a Bytes>) -> Result<(), PendingReply> {
+        let pool = &self.pool;
+        let keys: Vec<&Bytes> = keys.collect();
+        let limit = pool.spec().timeout.unwrap_or(Duration::from_secs(5));
+        let deadline = tokio::time::Instant::now() + limit;
+        // Held while the migration holds: a reload may replace it (armed to
+        // moving) or end it, so the pool's current one is asked again.
+        let (m, groups) = loop {
+            let state = pool.state();
+            let Some(m) = state.migration.clone() else { return Ok(()) };
+            let mut groups: Vec<(Arc<Server>, Arc<Server>, Vec<Bytes>)> = Vec::new();
+            if m.phase() != Phase::Done {
+                for key in &keys {
+                    let (Some(to), Some(from)) = (state.server_for(key), m.source_for(key)) else { continue };
+                    if Arc::ptr_eq(to, from) {
+                        continue;
+                    }
+                    match groups.iter_mut().find(|g| Arc::ptr_eq(&g.0, from) && Arc::ptr_eq(&g.1, to)) {
+                        Some(g) => g.2.push((*key).clone()),
+                        None => groups.push((from.clone(), to.clone(), vec![(*key).clone()])),
+                    }
+                }
+            }
+            drop(state);
+            if groups.is_empty() {
+                return Ok(());
+            }
+            if m.phase() != Phase::Hold {
+                break (m, groups);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(err(
+                    pool,
+                    format!(
+                        "TRYAGAIN chash-proxy: pool {} is migrating (migrate_state: {}) and keys that move wait until \
+                         every proxy of the fleet has the change",
+                        pool.name(),
+                        m.state.name()
+                    ),
+                ));
+            }
+            m.wait_moving((deadline - now).min(Duration::from_millis(50))).await;
+        };
+        for (from, to, keys) in groups {
+            match move_now(pool, &m, &from, &to, &keys, &self.requester).await {
+                Ok(moved) => {
+                    if moved {
+                        m.progress.moved_on_access.fetch_add(keys.len() as u64, Relaxed);
+                    }
+                }
+                Err(e) => {
+                    m.progress.errors.fetch_add(1, Relaxed);
+                    return Err(ready_owned(forward_error(
+                        pool,
+                        format!(
+                            "TRYAGAIN chash-proxy: moving key '{}' from {} to {} failed: {e}",
+                            String::from_utf8_lossy(&keys[0]),
+                            from.id(),
+                            to.id()
+                        ),
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Keeps the mover within its keys and bytes per second.
+struct Throttle {
+    start: tokio::time::Instant,
+    keys: u64,
+    bytes: u64,
+    settings: MoveSettings,
+}
+
+impl Throttle {
+    fn new(settings: MoveSettings) -> Throttle {
+        Throttle { start: tokio::time::Instant::now(), keys: 0, bytes: 0, settings }
+    }
+
+    async fn took(&mut self, keys: u64, bytes: u64) {
+        self.keys += keys;
+        self.bytes += bytes;
+        let by = |n: u64, per: u64| if per == 0 { 0.0 } else { n as f64 / per as f64 };
+        let due = by(self.keys, self.settings.keys_per_second).max(by(self.bytes, self.settings.bytes_per_second));
+        tokio::time::sleep_until(self.start + Duration::from_secs_f64(due)).await;
+    }
+}
+
+/// Why a pass over a source stopped.
+enum Stop {
+    /// The migration is no longer the pool's (completed, or replaced).
+    Replaced,
+    /// The source could not be scanned or moved from: tried again later.
+    Failed(String),
+}
+
+/// Whether `m` is still the pool's migration.
+fn current(pool: &Pool, m: &Arc<Migration>) -> bool {
+    pool.state().migration.as_ref().is_some_and(|o| Arc::ptr_eq(o, m))
+}
+
+/// A request on the mover's own connection to `server`, answered within
+/// `limit` (plus the pool's timeout).
+async fn ask(
+    server: &Server,
+    pinned: &Pinned,
+    data: Bytes,
+    requester: &Requester,
+    limit: Duration,
+) -> Result<Bytes, String> {
+    let pending = server.submit_blocking(pinned, data, WHOLE, requester, Some(limit)).await;
+    match server.finish(pending).await {
+        Ok(Reply::Whole(f)) if f.starts_with(b"-") => {
+            Err(String::from_utf8_lossy(f.strip_suffix(b"\r\n").unwrap_or(&f)).into_owned())
+        }
+        Ok(Reply::Whole(f)) => Ok(f),
+        Ok(Reply::Stream(_)) => Err("an unexpected reply".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// The mover: settles, then passes over every source until a pass finds
+/// no key to move; then the migration completes.
+async fn move_all(pool: Arc<Pool>, m: Arc<Migration>, settings: MoveSettings) {
+    if m.state == MigrationState::Armed {
+        tracing::info!(pool = %pool.name(), "migration armed: keys that move wait for migrate_state: moving");
+        return;
+    }
+    let requester = Requester { affinity: 0, account: ReplyAccount::new(256 << 20), dialect: 0 };
+    // Requests routed before the change (to a moved key's old server) are
+    // answered first: a PING behind them on every connection to every
+    // source, and a moment for requests being routed as the change came.
+    for source in m.sources() {
+        for pending in source.submit_everywhere(command(&[b"PING"]), WHOLE, &requester).await {
+            let _ = source.finish(pending).await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    if !current(&pool, &m) {
+        return;
+    }
+    m.advance(Phase::Moving);
+    m.progress.start();
+    tracing::info!(pool = %pool.name(), "migration moving: moved keys move on access and in the background");
+    let sources = m.sources();
+    let limit = pool.spec().timeout.unwrap_or(Duration::from_secs(5));
+    let mut total = 0;
+    for source in &sources {
+        let pinned = source.pin(&requester);
+        if let Ok(f) = ask(source, &pinned, command(&[b"DBSIZE"]), &requester, limit).await {
+            total += integer(&f).unwrap_or(0).max(0) as u64;
+        }
+    }
+    m.progress.total_keys.store(total, Relaxed);
+    let mut throttle = Throttle::new(settings);
+    loop {
+        let mut found = 0;
+        let mut failed = None;
+        for source in &sources {
+            match pass(&pool, &m, source, settings, &mut throttle, &requester).await {
+                Ok(n) => found += n,
+                Err(Stop::Replaced) => return,
+                Err(Stop::Failed(e)) => {
+                    m.progress.errors.fetch_add(1, Relaxed);
+                    tracing::warn!(pool = %pool.name(), source = %source.id(), "migration: {e}; trying again");
+                    if let Ok(mut last) = m.progress.last_error.lock() {
+                        *last = Some(format!("{}: {e}", source.id()));
+                    }
+                    failed = Some(e);
+                }
+            }
+        }
+        m.progress.passes.fetch_add(1, Relaxed);
+        if !current(&pool, &m) {
+            return;
+        }
+        match failed {
+            None if found == 0 => {
+                let took = m.progress.elapsed().unwrap_or_default();
+                m.progress.finished_after_us.store(took.as_micros() as u64, Relaxed);
+                pool.migration_done(&m);
+                return;
+            }
+            None => {}
+            Some(_) => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
+
+/// One pass over `source`: every key there whose server changed moved to
+/// its server now, large keys last. The keys found that move.
+async fn pass(
+    pool: &Pool,
+    m: &Arc<Migration>,
+    source: &Arc<Server>,
+    settings: MoveSettings,
+    throttle: &mut Throttle,
+    requester: &Requester,
+) -> Result<u64, Stop> {
+    let limit = pool.spec().timeout.unwrap_or(Duration::from_secs(5));
+    let pinned = source.pin(requester);
+    let count = settings.batch.max(1).to_string();
+    let mut cursor = Bytes::from_static(b"0");
+    let mut found = 0u64;
+    let mut large: Vec<(Arc<Server>, Bytes, u64)> = Vec::new();
+    loop {
+        if !current(pool, m) {
+            return Err(Stop::Replaced);
+        }
+        let reply = ask(source, &pinned, command(&[b"SCAN", &cursor, b"COUNT", count.as_bytes()]), requester, limit)
+            .await
+            .map_err(|e| Stop::Failed(format!("SCAN: {e}")))?;
+        let (next, keys) = scan_reply(&reply).ok_or_else(|| Stop::Failed("SCAN: an unexpected reply".into()))?;
+        m.progress.scanned.fetch_add(keys.len() as u64, Relaxed);
+        let mut groups: Vec<(Arc<Server>, Vec<Bytes>)> = Vec::new();
+        {
+            let state = pool.state();
+            for key in keys {
+                let Some(to) = state.server_for(&key) else { continue };
+                if Arc::ptr_eq(to, source) {
+                    continue;
+                }
+                match groups.iter_mut().find(|g| Arc::ptr_eq(&g.0, to)) {
+                    Some(g) => g.1.push(key),
+                    None => groups.push((to.clone(), vec![key])),
+                }
+            }
+        }
+        for (to, keys) in groups {
+            found += keys.len() as u64;
+            m.progress.scanned_moving.fetch_add(keys.len() as u64, Relaxed);
+            let sizes = sizes(source, &pinned, &keys, requester, limit).await?;
+            let (mut small, mut bytes) = (Vec::new(), 0u64);
+            for (key, size) in keys.into_iter().zip(sizes) {
+                if size > settings.large_key_bytes {
+                    large.push((to.clone(), key, size));
+                } else {
+                    bytes += size;
+                    small.push(key);
+                }
+            }
+            if !small.is_empty() {
+                move_batch(pool, m, source, &pinned, &to, &small, requester, limit).await?;
+                m.progress.moved_bytes.fetch_add(bytes, Relaxed);
+                throttle.took(small.len() as u64, bytes).await;
+            }
+        }
+        if next.as_ref() == b"0" {
+            break;
+        }
+        cursor = next;
+    }
+    for (to, key, size) in large {
+        m.progress.large_keys.fetch_add(1, Relaxed);
+        if let Ok(mut list) = m.progress.large.lock() {
+            if list.len() < 100 {
+                list.push((String::from_utf8_lossy(&key).into_owned(), size));
+            }
+        }
+        tracing::info!(pool = %pool.name(), key = %String::from_utf8_lossy(&key), bytes = size, "migration: moving a large key");
+        // A large key takes its time: a second per 8 MiB on top.
+        let long = limit + Duration::from_secs(size / (8 << 20) + 1);
+        move_batch(pool, m, source, &pinned, &to, std::slice::from_ref(&key), requester, long).await?;
+        m.progress.moved_bytes.fetch_add(size, Relaxed);
+        throttle.took(1, size).await;
+    }
+    Ok(found)
+}
+
+/// `MIGRATE ... KEYS` of a batch on the mover's connection.
+#[allow(clippy::too_many_arguments)]
+async fn move_batch(
+    pool: &Pool,
+    m: &Migration,
+    source: &Server,
+    pinned: &Pinned,
+    to: &Server,
+    keys: &[Bytes],
+    requester: &Requester,
+    limit: Duration,
+) -> Result<(), Stop> {
+    let data = migrate_command(pool, to, limit, keys).map_err(Stop::Failed)?;
+    let pending = source.submit_blocking(pinned, data, WHOLE, requester, Some(limit)).await;
+    match outcome(source.finish(pending).await) {
+        Outcome::Moved => {
+            m.progress.moved.fetch_add(keys.len() as u64, Relaxed);
+            Ok(())
+        }
+        Outcome::NoKey => Ok(()),
+        Outcome::Busy => {
+            settle_busy(pool, m, source, to, keys, requester).await.map_err(Stop::Failed)?;
+            m.progress.moved.fetch_add(keys.len() as u64, Relaxed);
+            Ok(())
+        }
+        Outcome::Failed(e) => Err(Stop::Failed(format!("MIGRATE to {}: {e}", to.id()))),
+    }
+}
+
+/// Each key's `MEMORY USAGE` (0 when gone), asked together.
+async fn sizes(
+    source: &Server,
+    pinned: &Pinned,
+    keys: &[Bytes],
+    requester: &Requester,
+    limit: Duration,
+) -> Result<Vec<u64>, Stop> {
+    let mut waits = Vec::with_capacity(keys.len());
+    for key in keys {
+        waits.push(
+            source.submit_blocking(pinned, command(&[b"MEMORY", b"USAGE", key]), WHOLE, requester, Some(limit)).await,
+        );
+    }
+    let mut out = Vec::with_capacity(keys.len());
+    for pending in waits {
+        match source.finish(pending).await {
+            Ok(Reply::Whole(f)) => out.push(integer(&f).unwrap_or(0).max(0) as u64),
+            Ok(Reply::Stream(_)) => return Err(Stop::Failed("MEMORY USAGE: an unexpected reply".into())),
+            Err(e) => return Err(Stop::Failed(format!("MEMORY USAGE: {e}"))),
+        }
+    }
+    Ok(out)
+}
+
+/// `SCAN`'s next cursor and keys.
+fn scan_reply(reply: &Bytes) -> Option<(Bytes, Vec<Bytes>)> {
+    let parts = array_items(reply).filter(|p| p.len() == 2)?;
+    let next = bulk_text(&parts[0])?;
+    let keys = array_items(&parts[1])?.iter().map(bulk_text).collect::<Option<Vec<Bytes>>>()?;
+    Some((next, keys))
+}
+
+/// The content of a bulk string frame.
+fn bulk_text(frame: &Bytes) -> Option<Bytes> {
+    if frame.first() != Some(&b'$') {
+        return None;
+    }
+    let nl = frame.iter().position(|&b| b == b'\n')?;
+    Some(frame.slice(nl + 1..frame.len().checked_sub(2)?))
+}
