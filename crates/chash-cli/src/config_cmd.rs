@@ -244,6 +244,12 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
         if moves && (file.migrate || (edited.before.migrate && !file.no_migrate)) {
             let state = if file.now { chash::MigrationState::Moving } else { chash::MigrationState::Armed };
             let after = edited.after.migrating_from(&edited.before, state)?;
+            // The servers can move the keys (a probe key each way), or
+            // nothing is written.
+            let (mut before, mut probe) = (edited.before.clone(), after.clone());
+            chash_proxy::resolve_secrets(&mut before)?;
+            chash_proxy::resolve_secrets(&mut probe)?;
+            chash_proxy::check_migration(&before, &probe).map_err(anyhow::Error::msg)?;
             edited.text =
                 chash::config_edit::set_migration(&edited.text, &edited.after.name, after.migration.as_ref())?;
             edited.after = after;

@@ -65,10 +65,15 @@ struct Redis {
 
 impl Redis {
     fn start() -> Redis {
+        Redis::start_with(&[])
+    }
+
+    fn start_with(extra: &[&str]) -> Redis {
         for _ in 0..5 {
             let port = free_port();
             let mut child = Command::new(require("redis-server", "redis-server"))
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -557,15 +562,7 @@ fn no_key_moves_before_every_proxy_is_armed() {
     // One proxy alone, through its admin endpoint, persisting.
     std::fs::write(&config, pool_file(&[&servers[0], &servers[2], &servers[3]], "")).unwrap();
     let p = Proxy::start(&config, &["--persist"]);
-    let http = |method: &str, path: &str, body: &str| -> String {
-        let authority = p.admin.trim_start_matches("http://");
-        let mut s = TcpStream::connect(authority).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        out
-    };
+    let http = |method: &str, path: &str, body: &str| http_to(&p, method, path, body);
     let answer = http("POST", "/pools/cache/servers?migrate=true", &format!("{}:1 s1", servers[1].id()));
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     eventually(60, "the proxy completes its migration", || p.pool()["migrations_completed"].as_u64() >= Some(1));
@@ -582,4 +579,28 @@ fn no_key_moves_before_every_proxy_is_armed() {
     let lost = verified["loaded_wrong"].as_u64().unwrap();
     eprintln!("without migration, removing a server of four lost {lost} of 10,000 keys");
     assert!(lost > 1000, "{verified}");
+
+    // A server that does not allow MIGRATE (as some managed services):
+    // refused before anything changes, by the CLI and by the admin endpoint.
+    let locked = Redis::start_with(&["--rename-command", "MIGRATE", ""]);
+    std::fs::write(&config, pool_file(&[&locked, &servers[0]], "")).unwrap();
+    let before = std::fs::read_to_string(&config).unwrap();
+    let line = format!("{}:1 s2", servers[2].id());
+    let refused = chash_fails(&["config", "add", "-c", file, "--migrate", &line, "-i"]);
+    assert!(refused.contains("MIGRATE from") && refused.contains("nothing was changed"), "{refused}");
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), before, "the file is unchanged");
+    let q = Proxy::start(&config, &[]);
+    let answer = http_to(&q, "POST", "/pools/cache/servers?migrate=true", &line);
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("nothing was changed"), "{answer}");
+    assert_eq!(q.pool()["servers"].as_array().unwrap().len(), 2, "the pool is unchanged");
+}
+
+fn http_to(p: &Proxy, method: &str, path: &str, body: &str) -> String {
+    let authority = p.admin.trim_start_matches("http://");
+    let mut s = TcpStream::connect(authority).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
 }

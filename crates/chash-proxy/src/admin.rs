@@ -145,8 +145,15 @@ async fn handle<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, registry: Arc<
     let body = String::from_utf8_lossy(&body[..length.min(body.len())]).trim().to_owned();
     let (path, query) = target.split_once('?').unwrap_or((&target, ""));
     let segments: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(percent_decode).collect();
-    let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
-    let response = route(&registry, &method, &segs, query, &body);
+    let query = query.to_owned();
+    // Off the runtime's threads: a change may wait on files and servers
+    // (a migrating change probes its servers first).
+    let response = tokio::task::spawn_blocking(move || {
+        let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+        route(&registry, &method, &segs, &query, &body)
+    })
+    .await
+    .unwrap_or_else(|_| error(500, "the request failed inside the proxy"));
     write(&mut stream, response).await
 }
 

@@ -62,7 +62,7 @@ pub use backend::{Address, Frame, Framing};
 pub use memcache::shard as embedded;
 pub use options::{ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER};
 pub use pool::{check_servers, Change, MoveSettings, Pool, PoolError};
-pub use protocols::prepare as resolve_secrets;
+pub use protocols::{check_migration, prepare as resolve_secrets};
 pub use proxy::{start, PoolSpec, Running, StartError};
 pub use registry::{Invalid, MembershipStatus, PoolReload, Registry, ReloadError};
 pub use stats::{MigrationView, PoolSnapshot, ServerSnapshot};

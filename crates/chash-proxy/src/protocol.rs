@@ -68,6 +68,16 @@ pub(crate) trait Protocol: Send + Sync {
         None
     }
 
+    /// Before a migrating change from `before` to `after`: whether its
+    /// servers can move keys between them (blocking; a probe).
+    ///
+    /// # Errors
+    /// Why they cannot.
+    fn check_migration(&self, before: &PoolConfig, after: &PoolConfig) -> Result<(), String> {
+        let _ = (before, after);
+        Err(format!("pool {}: only Redis pools migrate", after.name))
+    }
+
     /// Serves one client connection until it ends.
     fn serve(&self, stream: ClientStream, client: Client) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }

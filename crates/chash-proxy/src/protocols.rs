@@ -25,3 +25,15 @@ pub(crate) fn of(config: &PoolConfig) -> &'static dyn Protocol {
 pub fn prepare(config: &mut PoolConfig) -> Result<(), crate::pool::PoolError> {
     of(config).prepare(config)
 }
+
+/// Before a migrating change of a pool from `before` to `after`: whether
+/// its servers can move the moved keys between them (a probe key moved
+/// from each server keys leave to each they go to; blocking, a few
+/// milliseconds a pair). `chash config --migrate` and the admin endpoint
+/// ask this before anything changes.
+///
+/// # Errors
+/// Why they cannot, and what to do.
+pub fn check_migration(before: &PoolConfig, after: &PoolConfig) -> Result<(), String> {
+    of(after).check_migration(before, after)
+}

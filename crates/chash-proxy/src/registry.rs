@@ -488,6 +488,10 @@ impl Registry {
         let persist: Option<&crate::pool::Persist<'_>> =
             if o.persist && o.config_path.is_some() { Some(&write) } else { None };
         if migrate {
+            // The servers can move the keys, or nothing changes.
+            let next = p.planned(edit, Some(chash::MigrationState::Moving))?;
+            crate::protocols::check_migration(&p.config(), &next)
+                .map_err(|why| PoolError::Placement { pool: pool.to_owned(), source: chash::Error::Change(why) })?;
             p.edit_migrating(edit, persist, chash::MigrationState::Moving)
         } else {
             p.edit_draining(edit, persist, drain)

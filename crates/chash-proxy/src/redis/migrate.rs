@@ -489,3 +489,108 @@ fn bulk_text(frame: &Bytes) -> Option<Bytes> {
     let nl = frame.iter().position(|&b| b == b'\n')?;
     Some(frame.slice(nl + 1..frame.len().checked_sub(2)?))
 }
+
+/// Before a migrating change: can every server keys move from `MIGRATE`
+/// to the servers they move to? A probe key is set on the source, moved,
+/// and deleted on the destination (blocking: the CLI and the admin
+/// endpoint ask this before anything changes). TLS pools are not probed
+/// (MIGRATE between TLS servers needs `tls-cluster yes` on them).
+pub(crate) fn check(before: &chash::PoolConfig, after: &chash::PoolConfig) -> Result<(), String> {
+    if before.tls.any_server_tls() || after.tls.any_server_tls() {
+        tracing::warn!(pool = %after.name, "servers over TLS: MIGRATE between them is not probed (they need tls-cluster yes)");
+        return Ok(());
+    }
+    let ids = |c: &chash::PoolConfig| -> Vec<String> { c.members().map(|l| l.id.clone()).collect() };
+    let (from, to) = (ids(before), ids(after));
+    let new: Vec<&String> = to.iter().filter(|d| !from.contains(d)).collect();
+    let gone: Vec<&String> = from.iter().filter(|s| !to.contains(s)).collect();
+    let mut pairs: Vec<(&String, &String)> = Vec::new();
+    for s in &from {
+        for d in &to {
+            // Keys move to new servers and from removed ones; a weight
+            // change moves them between any two.
+            let moves = new.contains(&d) || gone.contains(&s) || (new.is_empty() && gone.is_empty());
+            if s != d && moves && pairs.len() < 200 {
+                pairs.push((s, d));
+            }
+        }
+    }
+    let nonce = format!(
+        "chash:migrate:probe:{}:{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+    );
+    for (s, d) in pairs {
+        probe(after, s, d, &nonce).map_err(|e| {
+            format!(
+                "pool {}: MIGRATE from {s} to {d} fails ({e}): nothing was changed. The servers must reach each \
+                 other at the addresses the proxy uses, and allow MIGRATE (some managed services rename or disable \
+                 it); without it, move the data first and change the membership without --migrate",
+                after.name
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// One probe key moved from `s` to `d`.
+fn probe(config: &chash::PoolConfig, s: &str, d: &str, key: &str) -> Result<(), String> {
+    let to = d.trim_start_matches('[').replace("]:", ":");
+    let mut source = Blocking::connect(s, config)?;
+    source.ask(&[b"SET", key.as_bytes(), b"1", b"PX", b"60000"])?;
+    let (host, port) = to.rsplit_once(':').ok_or_else(|| format!("{d} has no port"))?;
+    let db = config.redis_db.to_string();
+    let mut args: Vec<&[u8]> =
+        vec![b"MIGRATE", host.as_bytes(), port.as_bytes(), key.as_bytes(), db.as_bytes(), b"2000"];
+    let login = super::access::server_login(config);
+    match login {
+        Some(("default", pw)) => args.extend([b"AUTH".as_slice(), pw.as_bytes()]),
+        Some((user, pw)) => args.extend([b"AUTH2".as_slice(), user.as_bytes(), pw.as_bytes()]),
+        None => {}
+    }
+    let moved = source.ask(&args);
+    let _ = source.ask(&[b"DEL", key.as_bytes()]);
+    let reply = moved?;
+    if !reply.starts_with("+OK") {
+        return Err(reply.trim_end().to_owned());
+    }
+    let mut dest = Blocking::connect(d, config)?;
+    dest.ask(&[b"DEL", key.as_bytes()])?;
+    Ok(())
+}
+
+/// A blocking connection for the probe, logged in and on the pool's database.
+struct Blocking(std::net::TcpStream, std::io::BufReader<std::net::TcpStream>);
+
+impl Blocking {
+    fn connect(id: &str, config: &chash::PoolConfig) -> Result<Blocking, String> {
+        use std::net::ToSocketAddrs;
+        let addr = id.to_socket_addrs().map_err(|e| format!("{id}: {e}"))?.next().ok_or(format!("{id}: no address"))?;
+        let s =
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(|e| format!("{id}: {e}"))?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+        let r = std::io::BufReader::new(s.try_clone().map_err(|e| e.to_string())?);
+        let mut b = Blocking(s, r);
+        match super::access::server_login(config) {
+            Some(("default", pw)) => b.ask(&[b"AUTH", pw.as_bytes()])?,
+            Some((user, pw)) => b.ask(&[b"AUTH", user.as_bytes(), pw.as_bytes()])?,
+            None => String::new(),
+        };
+        if config.redis_db > 0 {
+            b.ask(&[b"SELECT", config.redis_db.to_string().as_bytes()])?;
+        }
+        Ok(b)
+    }
+
+    /// A command's reply line (an error reply is an `Err`).
+    fn ask(&mut self, args: &[&[u8]]) -> Result<String, String> {
+        use std::io::{BufRead, Write};
+        self.0.write_all(&command(args)).map_err(|e| e.to_string())?;
+        let mut line = String::new();
+        self.1.read_line(&mut line).map_err(|e| e.to_string())?;
+        if line.starts_with('-') || line.is_empty() {
+            return Err(line.trim_end().trim_start_matches('-').to_owned());
+        }
+        Ok(line)
+    }
+}

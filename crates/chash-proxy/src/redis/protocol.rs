@@ -53,6 +53,10 @@ impl Protocol for Redis {
         Some(super::migrate::mover(settings))
     }
 
+    fn check_migration(&self, before: &PoolConfig, after: &PoolConfig) -> Result<(), String> {
+        super::migrate::check(before, after)
+    }
+
     fn serve(&self, stream: crate::conn::ClientStream, c: Client) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         let session = RedisSession::new(c.pool.clone(), c.shared.clone(), c.requester.clone());
         c.serve(stream, session)
