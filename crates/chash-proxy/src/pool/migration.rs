@@ -55,7 +55,7 @@ pub struct MoveSettings {
 
 impl Default for MoveSettings {
     fn default() -> MoveSettings {
-        MoveSettings { keys_per_second: 100_000, bytes_per_second: 64 << 20, large_key_bytes: 8 << 20, batch: 200 }
+        MoveSettings { keys_per_second: 100_000, bytes_per_second: 64 << 20, large_key_bytes: 8 << 20, batch: 500 }
     }
 }
 

@@ -326,14 +326,17 @@ async fn move_all(pool: Arc<Pool>, m: Arc<Migration>, settings: MoveSettings) {
         if !current(&pool, &m) {
             return;
         }
+        // One pass without an error moved every key that moves: no proxy
+        // writes a moved key to its old server once any moves (they hold,
+        // or move it first), so none comes back behind the scan.
         match failed {
-            None if found == 0 => {
+            None => {
+                tracing::info!(pool = %pool.name(), keys = found, "migration: every server keys move from scanned");
                 let took = m.progress.elapsed().unwrap_or_default();
                 m.progress.finished_after_us.store(took.as_micros() as u64, Relaxed);
                 pool.migration_done(&m);
                 return;
             }
-            None => {}
             Some(_) => tokio::time::sleep(Duration::from_secs(1)).await,
         }
     }
@@ -448,7 +451,10 @@ async fn move_batch(
     }
 }
 
-/// Each key's `MEMORY USAGE` (0 when gone), asked together.
+/// Each key's `MEMORY USAGE` (0 when gone), asked in one script call.
+const SIZES: &[u8] =
+    b"local r = {} for i, k in ipairs(KEYS) do r[i] = redis.call('MEMORY', 'USAGE', k) or 0 end return r";
+
 async fn sizes(
     source: &Server,
     pinned: &Pinned,
@@ -456,21 +462,21 @@ async fn sizes(
     requester: &Requester,
     limit: Duration,
 ) -> Result<Vec<u64>, Stop> {
-    let mut waits = Vec::with_capacity(keys.len());
-    for key in keys {
-        waits.push(
-            source.submit_blocking(pinned, command(&[b"MEMORY", b"USAGE", key]), WHOLE, requester, Some(limit)).await,
-        );
+    let n = keys.len().to_string();
+    let mut args: Vec<&[u8]> = vec![b"EVAL", SIZES, n.as_bytes()];
+    args.extend(keys.iter().map(|k| k.as_ref()));
+    let reply = ask(source, pinned, command(&args), requester, limit)
+        .await
+        .map_err(|e| Stop::Failed(format!("MEMORY USAGE: {e}")))?;
+    let sizes: Vec<u64> = array_items(&reply)
+        .ok_or_else(|| Stop::Failed("MEMORY USAGE: an unexpected reply".into()))?
+        .iter()
+        .map(|f| integer(f).unwrap_or(0).max(0) as u64)
+        .collect();
+    if sizes.len() != keys.len() {
+        return Err(Stop::Failed("MEMORY USAGE: an unexpected reply".into()));
     }
-    let mut out = Vec::with_capacity(keys.len());
-    for pending in waits {
-        match source.finish(pending).await {
-            Ok(Reply::Whole(f)) => out.push(integer(&f).unwrap_or(0).max(0) as u64),
-            Ok(Reply::Stream(_)) => return Err(Stop::Failed("MEMORY USAGE: an unexpected reply".into())),
-            Err(e) => return Err(Stop::Failed(format!("MEMORY USAGE: {e}"))),
-        }
-    }
-    Ok(out)
+    Ok(sizes)
 }
 
 /// `SCAN`'s next cursor and keys.
