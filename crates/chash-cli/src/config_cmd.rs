@@ -173,7 +173,9 @@ struct FileArgs {
     retry: u32,
 
     /// With --etcd: wait up to SECS until every registered proxy applied
-    /// the new revision; exit 1 naming those that lag.
+    /// the new revision; exit 1 naming those that lag. A migrating change
+    /// waits (default 30 s) for every proxy to arm before anything moves,
+    /// and is taken back when some do not.
     #[arg(long, value_name = "SECS", requires = "etcd")]
     wait: Option<f64>,
 
@@ -194,8 +196,10 @@ struct FileArgs {
     plan: bool,
 
     /// Redis pools: move the data of the keys the change moves (the
-    /// default of a pool with `migrate: true`). Written `armed`: start it
-    /// with `chash migrate start` once every proxy has the file.
+    /// default of a pool with `migrate: true`). Written `armed`; in a file,
+    /// start it with `chash migrate start` once every proxy has the file;
+    /// with --etcd, the command waits for every registered proxy to arm,
+    /// then writes it `moving`.
     #[arg(long, conflicts_with = "no_migrate")]
     migrate: bool,
 
@@ -264,10 +268,10 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
         Ok(edited)
     };
     if let Some(url) = &file.etcd {
-        if file.migrate {
+        if file.now {
             anyhow::bail!(
-                "--migrate with --etcd is not built yet (the fleet's acknowledgement barrier); migrate a file fleet \
-                 (chash migrate start --check ...) or one proxy (its admin endpoint, ?migrate=true)"
+                "--now is for a file one proxy reads; a fleet on etcd arms every proxy first (--migrate does, \
+                 waiting up to --wait SECS)"
             );
         }
         return edit_stored(url, &file, change, &edit);
@@ -307,7 +311,17 @@ fn edit_stored(
     edit: &Edit,
 ) -> Result<bool> {
     let target = file.tls.target(url)?;
-    let (written, ok) = crate::etcd::edit(&target, file.retry, file.wait, change, &edit.to_string())?;
+    // A migrating change (--migrate, or a pool with `migrate: true`) is
+    // written armed, and moves only once every proxy runs it.
+    let (written, _) = crate::etcd::edit(&target, file.retry, None, change, &edit.to_string())?;
+    let ok = if written.edited.after.migration.is_some() {
+        crate::etcd_migrate::arm(&target, &written, file.wait)?
+    } else {
+        match file.wait {
+            Some(secs) => crate::etcd::wait(&target, written.revision, secs)?,
+            None => true,
+        }
+    };
     if file.plan {
         let key = target.config_key();
         let plan = PlanArgs::labelled(

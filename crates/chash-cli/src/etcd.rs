@@ -45,6 +45,8 @@ pub struct Written {
     pub read: i64,
     /// The new revision.
     pub revision: i64,
+    /// The stored text the edit was made on.
+    pub before_text: String,
 }
 
 /// Applies `change` (the file editor, given the stored text and its
@@ -67,7 +69,7 @@ pub fn edit(
             let edited = change(&stored.text).with_context(|| format!("{key} (revision {})", stored.revision))?;
             test_barrier(attempt).await;
             match etcd::store::write_config(&mut client, target, &edited.text, Some(stored.revision)).await {
-                Ok(revision) => break Written { edited, read: stored.revision, revision },
+                Ok(revision) => break Written { edited, read: stored.revision, revision, before_text: stored.text },
                 Err(e @ EtcdError::Conflict { .. }) if attempt < retry => {
                     attempt += 1;
                     eprintln!("chash config: {e}; retrying ({attempt} of {retry})");
@@ -176,6 +178,15 @@ pub fn get(target: &EtcdTarget) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// `--wait SECS` after a change: every registered proxy at `revision` (or
+/// later); `false` when some lag.
+pub fn wait(target: &EtcdTarget, revision: i64, secs: f64) -> Result<bool> {
+    block_on(async {
+        let mut client = etcd::connect(target).await?;
+        wait_for(&mut client, target, revision, secs).await
+    })
 }
 
 /// Waits up to `secs` until every registered proxy reports `revision` (or

@@ -13,6 +13,8 @@ mod demo;
 mod docs;
 #[cfg(feature = "etcd")]
 mod etcd;
+#[cfg(feature = "etcd")]
+mod etcd_migrate;
 mod etcd_tls;
 mod fleet;
 mod hash;

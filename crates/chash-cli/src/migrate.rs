@@ -38,6 +38,13 @@ With a config file shared by several proxies:
   chash migrate status http://10.0.0.1:22223 http://10.0.0.2:22223 --watch
   chash migrate finish -c pool.yml -i --check http://10.0.0.1:22223 --check http://10.0.0.2:22223
 
+With a fleet on etcd (every registered proxy is the barrier):
+  chash config add --etcd etcd://10.0.0.9:2379/chash/web --migrate '10.0.0.4:6379:1 d' --wait 30
+      # armed; moving once every registered proxy runs it, taken back if one
+      # does not within --wait (a dead proxy counts until its lease expires)
+  chash migrate status --etcd etcd://10.0.0.9:2379/chash/web --watch
+  chash migrate finish --etcd etcd://10.0.0.9:2379/chash/web --wait 600
+
 One proxy alone: `chash config add --migrate --now` (moving at once), or its
 admin endpoint: POST /pools/POOL/servers?migrate=true (with --persist the
 record is written to the file and removed when the migration completes).")]
@@ -51,8 +58,14 @@ enum MigrateCommand {
     /// Each proxy's migrations: state, keys moved and left, rate, ETA.
     Status {
         /// The proxies' admin endpoints (http://HOST:PORT).
-        #[arg(value_name = "ADMIN_URL", required = true)]
+        #[arg(value_name = "ADMIN_URL", required_unless_present = "etcd")]
         urls: Vec<String>,
+        /// Every proxy registered in this etcd fleet (etcd://HOST:PORT/PREFIX)
+        /// instead, by the admin endpoint it registered.
+        #[arg(long, value_name = "URL/PREFIX", conflicts_with = "urls")]
+        etcd: Option<String>,
+        #[command(flatten)]
+        tls: crate::etcd_tls::EtcdTlsArgs,
         /// Ask again every --interval seconds until no proxy is migrating
         /// (a progress bar on a terminal).
         #[arg(long)]
@@ -77,8 +90,18 @@ enum MigrateCommand {
 #[derive(Args, Debug)]
 struct FileTarget {
     /// The config file.
-    #[arg(short = 'c', long = "config", value_name = "FILE")]
-    config: PathBuf,
+    #[arg(short = 'c', long = "config", value_name = "FILE", required_unless_present = "etcd")]
+    config: Option<PathBuf>,
+    /// The config stored in etcd instead (etcd://HOST:PORT/PREFIX): every
+    /// registered proxy is checked, through its report.
+    #[arg(long, value_name = "URL/PREFIX", conflicts_with_all = ["config", "output", "in_place", "check"])]
+    etcd: Option<String>,
+    #[command(flatten)]
+    tls: crate::etcd_tls::EtcdTlsArgs,
+    /// With --etcd: wait up to SECS for every proxy to be ready (armed
+    /// for start, default 30; completed for finish, default 0).
+    #[arg(long, value_name = "SECS", requires = "etcd")]
+    wait: Option<f64>,
     /// The pool (may be left out when the file has one).
     #[arg(long, value_name = "NAME")]
     pool: Option<String>,
@@ -90,7 +113,7 @@ struct FileTarget {
     in_place: bool,
     /// A proxy reading the file (its admin endpoint; repeat for each): each
     /// must run the armed change (start) or have completed it (finish).
-    #[arg(long = "check", value_name = "ADMIN_URL", required_unless_present = "force")]
+    #[arg(long = "check", value_name = "ADMIN_URL", required_unless_present_any = ["force", "etcd"])]
     check: Vec<String>,
     /// Skip the check (you know every proxy is where it must be).
     #[arg(long)]
@@ -99,10 +122,44 @@ struct FileTarget {
 
 pub fn run(args: MigrateArgs) -> Result<bool> {
     match args.command {
-        MigrateCommand::Status { urls, watch, interval } => status(&urls, watch, interval),
+        MigrateCommand::Status { urls, etcd, tls, watch, interval } => {
+            let urls = match etcd {
+                Some(url) => etcd_admin_urls(&url, &tls)?,
+                None => urls,
+            };
+            status(&urls, watch, interval)
+        }
+        MigrateCommand::Start { file } if file.etcd.is_some() => on_etcd(&file, true),
+        MigrateCommand::Finish { file } if file.etcd.is_some() => on_etcd(&file, false),
         MigrateCommand::Start { file } => start(&file),
         MigrateCommand::Finish { file } => finish(&file),
     }
+}
+
+#[cfg(feature = "etcd")]
+fn etcd_admin_urls(url: &str, tls: &crate::etcd_tls::EtcdTlsArgs) -> Result<Vec<String>> {
+    crate::etcd_migrate::admin_urls(&tls.target(url)?)
+}
+
+#[cfg(feature = "etcd")]
+fn on_etcd(file: &FileTarget, start: bool) -> Result<bool> {
+    let url = file.etcd.as_deref().unwrap_or_default();
+    let target = file.tls.target(url)?;
+    if start {
+        crate::etcd_migrate::start(&target, file.pool.as_deref(), file.wait, file.force)
+    } else {
+        crate::etcd_migrate::finish(&target, file.pool.as_deref(), file.wait, file.force)
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd_admin_urls(_url: &str, _tls: &crate::etcd_tls::EtcdTlsArgs) -> Result<Vec<String>> {
+    bail!("--etcd needs etcd support, which this chash was built without (cargo feature `etcd`)")
+}
+
+#[cfg(not(feature = "etcd"))]
+fn on_etcd(_file: &FileTarget, _start: bool) -> Result<bool> {
+    bail!("--etcd needs etcd support, which this chash was built without (cargo feature `etcd`)")
 }
 
 /// A pool's migration as one proxy reports it.
@@ -207,18 +264,23 @@ fn status(urls: &[String], watch: bool, interval: f64) -> Result<bool> {
 
 /// The file, its pool's name and config.
 fn read(file: &FileTarget) -> Result<(String, String, chash::PoolConfig)> {
-    let text =
-        std::fs::read_to_string(&file.config).with_context(|| format!("cannot read {}", file.config.display()))?;
-    let config = Config::from_yaml(&text).with_context(|| file.config.display().to_string())?;
+    let path = path(file)?;
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let config = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
     let name = pick_pool(&config, file.pool.as_deref())?;
     let pool = config.pool(Some(&name))?;
     Ok((text, name, pool))
 }
 
+fn path(file: &FileTarget) -> Result<&PathBuf> {
+    file.config.as_ref().ok_or_else(|| anyhow::anyhow!("name the config: -c FILE or --etcd URL/PREFIX"))
+}
+
 fn write(file: &FileTarget, text: &str) -> Result<()> {
     match (file.in_place, &file.output) {
         (true, _) => {
-            write_atomically(&file.config, text).with_context(|| format!("cannot write {}", file.config.display()))
+            let path = path(file)?;
+            write_atomically(path, text).with_context(|| format!("cannot write {}", path.display()))
         }
         (false, Some(out)) => write_atomically(out, text).with_context(|| format!("cannot write {}", out.display())),
         (false, None) => {
@@ -230,7 +292,7 @@ fn write(file: &FileTarget, text: &str) -> Result<()> {
 
 fn start(file: &FileTarget) -> Result<bool> {
     let (text, name, pool) = read(file)?;
-    let Some(m) = &pool.migration else { bail!("pool {name} of {} is not migrating", file.config.display()) };
+    let Some(m) = &pool.migration else { bail!("pool {name} of {} is not migrating", path(file)?.display()) };
     if m.state != MigrationState::Armed {
         bail!("pool {name}'s migration is {} already", m.state.name());
     }
@@ -260,7 +322,7 @@ fn start(file: &FileTarget) -> Result<bool> {
 fn finish(file: &FileTarget) -> Result<bool> {
     let (text, name, pool) = read(file)?;
     if pool.migration.is_none() {
-        bail!("pool {name} of {} is not migrating", file.config.display());
+        bail!("pool {name} of {} is not migrating", path(file)?.display());
     }
     let done = pool.with_migration_state(None);
     if !file.force {

@@ -254,6 +254,12 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "N", default_value_t = chash_proxy::MoveSettings::default().batch)]
     migrate_batch: usize,
 
+    /// Redis pools migrating: bytes per MIGRATE of the mover, at most (as
+    /// MEMORY USAGE counts them): a MIGRATE blocks its source server while
+    /// it copies.
+    #[arg(long, value_name = "BYTES", default_value_t = chash_proxy::MoveSettings::default().batch_bytes)]
+    migrate_batch_bytes: u64,
+
     /// Serve pool POOL on ADDR instead of the config's `listen` (repeatable):
     /// several proxies from one stored config on one host. The config's
     /// `listen` stays the fleet-wide default.
@@ -716,6 +722,7 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
         bytes_per_second: args.migrate_bytes_per_second,
         large_key_bytes: args.migrate_large_key,
         batch: args.migrate_batch.clamp(1, 10_000),
+        batch_bytes: args.migrate_batch_bytes.max(1),
     };
     options.threads = Some(threads);
     options.listen_overrides = listen_overrides(&args.listen_override)?;

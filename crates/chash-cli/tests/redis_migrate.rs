@@ -199,9 +199,19 @@ struct Proxy {
 
 impl Proxy {
     fn start(config: &Path, extra: &[&str]) -> Proxy {
+        Proxy::start_from(&["-c", &config.display().to_string()], extra)
+    }
+
+    /// A proxy following the config stored in etcd.
+    fn on_etcd(url: &str, extra: &[&str]) -> Proxy {
+        Proxy::start_from(&["--membership", url], extra)
+    }
+
+    fn start_from(source: &[&str], extra: &[&str]) -> Proxy {
         let port = free_port();
         let admin = free_port();
-        let mut args: Vec<String> = vec!["proxy".into(), "-c".into(), config.display().to_string()];
+        let mut args: Vec<String> = vec!["proxy".into()];
+        args.extend(source.iter().map(|s| s.to_string()));
         args.extend(["--listen-override".into(), format!("cache=127.0.0.1:{port}")]);
         args.extend([
             "--admin".into(),
@@ -603,4 +613,155 @@ fn http_to(p: &Proxy, method: &str, path: &str, body: &str) -> String {
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     out
+}
+
+/// A single-member etcd on loopback ports, stopped when dropped.
+struct Etcd {
+    client: u16,
+    child: Child,
+}
+
+impl Etcd {
+    fn start(dir: &TempDir) -> Etcd {
+        for attempt in 0..3 {
+            let (client, peer) = (free_port(), free_port());
+            let data = dir.path(&format!("etcd-{attempt}"));
+            let client_url = format!("http://127.0.0.1:{client}");
+            let peer_url = format!("http://127.0.0.1:{peer}");
+            let mut child = Command::new(require("etcd", "etcd-server"))
+                .args(["--name", "m", "--data-dir"])
+                .arg(&data)
+                .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+                .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &format!("m={peer_url}")])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+                let ready = Command::new(require("etcdctl", "etcd-client"))
+                    .env("ETCDCTL_API", "3")
+                    .args(["--endpoints", &format!("127.0.0.1:{client}"), "--command-timeout", "2s", "get", "/r"])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .unwrap();
+                if ready.success() {
+                    return Etcd { client, child };
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("etcd did not start after 3 tries");
+    }
+
+    fn url(&self) -> String {
+        format!("etcd://127.0.0.1:{}/chash/migrate", self.client)
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `chash ARGS`: its exit success and what it printed.
+fn chash_status(args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_chash")).args(args).output().unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+}
+
+/// The stored config, written to `path` (for the placement checks).
+fn stored_to(url: &str, path: &Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_chash")).args(["config", "get", "--etcd", url]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    std::fs::write(path, &text).unwrap();
+    text
+}
+
+/// A fleet on etcd: the barrier is every registered proxy. One proxy
+/// stopped (SIGSTOP, its lease alive) holds the move back: the armed change
+/// is taken back after --wait and no key has moved. Stopped again and then
+/// killed during a second change's wait, it holds the move back until its
+/// lease expires; the other proxy moves meanwhile, the killed one restarts
+/// into the moving state, and `chash migrate finish --etcd` removes the
+/// record only once both completed. Nothing is lost.
+#[test]
+fn an_etcd_fleet_moves_nothing_until_every_registered_proxy_is_armed() {
+    let _turn = serial();
+    let dir = TempDir::new("etcd");
+    let etcd = Etcd::start(&dir);
+    let url = etcd.url();
+    let servers: Vec<Redis> = (0..4).map(|_| Redis::start()).collect();
+    let file = dir.path("pool.yml");
+    std::fs::write(&file, pool_file(&[&servers[0], &servers[1], &servers[2]], "")).unwrap();
+    chash(&["config", "put", "--etcd", &url, file.to_str().unwrap()]);
+    let a = Proxy::on_etcd(&url, &[]);
+    let mut b = Proxy::on_etcd(&url, &[]);
+    let state = dir.path("state.json");
+    python(&["load", &a.addr, "20000", state.to_str().unwrap()]);
+    let added = format!("{}:1 s3", servers[3].id());
+
+    // B stopped, its registration alive: the change is taken back.
+    b.signal("-STOP");
+    let (ok, out) = chash_status(&["config", "add", "--etcd", &url, "--migrate", &added, "--wait", "2"]);
+    b.signal("-CONT");
+    assert!(!ok, "{out}");
+    assert!(out.contains("lagging (1 of them)") && out.contains("taken back"), "{out}");
+    eprintln!("the first change: {out}");
+    assert_eq!(servers[3].keys().len(), 0, "no key moved while a proxy was not armed");
+    let text = stored_to(&url, &file);
+    assert!(!text.contains("migrate_") && !text.contains(&servers[3].id()), "{text}");
+    let verified = python(&["verify", &a.addr, state.to_str().unwrap()]);
+    zero(&verified, &["loaded_wrong", "ttl_off"]);
+
+    // B stopped again, then killed while the change waits for it: nothing
+    // moves until its lease expires (10 s), then the change goes ahead.
+    eventually(20, "B follows etcd again", || b.pool()["membership_version"] == a.pool()["membership_version"]);
+    b.signal("-STOP");
+    let started = Instant::now();
+    let change = Command::new(env!("CARGO_BIN_EXE_chash"))
+        .args(["config", "add", "--etcd", &url, "--migrate", &added, "--wait", "40"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    eventually(20, "A runs the armed change", || a.pool()["migration"]["state"] == "armed");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(servers[3].keys().len(), 0, "nothing moves while B's registration stands");
+    assert_eq!(a.pool()["migration"]["state"], "armed");
+    b.kill();
+    let out = change.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("armed: 1 of 1 proxies") && text.contains("moving"), "{text}");
+    assert!(started.elapsed() > Duration::from_secs(3), "the change waited for B's lease: {text}");
+    eprintln!("the second change: {text}");
+    b.spawn();
+    let work = Work::start(&dir, &a, &b, &state);
+    std::thread::sleep(Duration::from_secs(2));
+    // Finish waits until both proxies completed, then removes the record.
+    let (ok, out) = chash_status(&["migrate", "finish", "--etcd", &url, "--wait", "120"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("completed by 2 of 2 proxies") && out.contains("record removed"), "{out}");
+    eprintln!("finish: {out}");
+    let status = chash(&["migrate", "status", "--etcd", &url]);
+    assert_eq!(status.matches("not migrating").count(), 2, "{status}");
+    let stats = work.finish();
+    zero(&stats, &["older_reads", "wrong_loaded"]);
+    let verified = python(&["verify", &b.addr, state.to_str().unwrap()]);
+    zero(&verified, &["loaded_wrong", "ttl_off", "lost_writes", "counters_off", "lists_off"]);
+    let text = stored_to(&url, &file);
+    assert!(!text.contains("migrate_"), "{text}");
+    let s: Vec<&Redis> = servers.iter().collect();
+    every_key_on_its_owner(&file, &s, &[]);
+    assert!(servers[3].keys().len() > 2_000, "the new server took its share");
+    eprintln!("clients: {stats}; verified: {verified}");
 }

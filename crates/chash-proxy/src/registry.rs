@@ -133,6 +133,9 @@ pub struct Registry {
     membership: Mutex<Option<MembershipStatus>>,
     /// The admin endpoint's TLS, reloaded with the pools'.
     admin_tls: Option<Arc<crate::tls::LiveTls>>,
+    /// Counts the migrations completed, for those that report them (the
+    /// etcd registration: a pool's version changes when one completes).
+    migrated: tokio::sync::watch::Sender<u64>,
 }
 
 /// The state of a membership source other than the config file (etcd), as
@@ -290,6 +293,7 @@ impl Registry {
             file: FileState::default(),
             membership: Mutex::new(None),
             admin_tls: None,
+            migrated: tokio::sync::watch::Sender::new(0),
         };
         if let Some(text) = registry.shared.options.config_path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
             registry.file.known.store(content_hash(&text), Relaxed);
@@ -534,9 +538,15 @@ impl Registry {
             pool.on_migrated(Box::new(move |done: &PoolConfig| {
                 if let Some(registry) = me.upgrade() {
                     registry.write_migrated(&name, done);
+                    registry.migrated.send_modify(|n| *n += 1);
                 }
             }));
         }
+    }
+
+    /// Changes each time a pool completes a migration.
+    pub(crate) fn migrations_completed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.migrated.subscribe()
     }
 
     /// Writes one pool's edit into the config file, keeping the rest of it.

@@ -128,11 +128,37 @@ pub fn follow(registry: Arc<Registry>, follow: Follow) -> Follower {
         applied: follow.start.revision,
         applied_hash: config_hash(&follow.start.text),
         seen: follow.start.read_at,
-        report: report_tx,
+        report: report_tx.clone(),
     };
-    let tasks =
-        vec![tokio::spawn(watcher.run(stop_rx.clone())), tokio::spawn(register(registry, follow, report_rx, stop_rx))];
+    let tasks = vec![
+        tokio::spawn(watcher.run(stop_rx.clone())),
+        tokio::spawn(report_migrations(registry.clone(), follow.clone(), report_tx, stop_rx.clone())),
+        tokio::spawn(register(registry, follow, report_rx, stop_rx)),
+    ];
     Follower { stop, tasks }
+}
+
+/// A pool that completes a migration changes its version (the migration's
+/// record is no longer part of it): reported at once, for `chash migrate
+/// finish --etcd`, which waits for every proxy to have completed.
+async fn report_migrations(
+    registry: Arc<Registry>,
+    follow: Follow,
+    reports: watch::Sender<ProxyReport>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut completed = registry.migrations_completed();
+    loop {
+        tokio::select! {
+            changed = completed.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let _ = reports.send(report(&registry, &follow));
+            }
+            _ = stop.changed() => return,
+        }
+    }
 }
 
 /// The proxy's report as of now.

@@ -51,11 +51,20 @@ pub struct MoveSettings {
     pub large_key_bytes: u64,
     /// Keys per `SCAN` and per `MIGRATE`, at most.
     pub batch: usize,
+    /// Bytes per `MIGRATE` (`MEMORY USAGE`), at most: a `MIGRATE` blocks
+    /// its source server while it copies, so a batch is kept short.
+    pub batch_bytes: u64,
 }
 
 impl Default for MoveSettings {
     fn default() -> MoveSettings {
-        MoveSettings { keys_per_second: 100_000, bytes_per_second: 64 << 20, large_key_bytes: 8 << 20, batch: 500 }
+        MoveSettings {
+            keys_per_second: 100_000,
+            bytes_per_second: 64 << 20,
+            large_key_bytes: 8 << 20,
+            batch: 500,
+            batch_bytes: 256 << 10,
+        }
     }
 }
 
@@ -257,8 +266,12 @@ pub(super) fn numbers(m: &Migration) -> Vec<(crate::stats::Desc, u64)> {
             },
         ),
         (
-            g("migration_keys_total", "Keys on the servers keys move from, when the migration's mover started."),
-            p.total_keys.load(Relaxed),
+            g(
+                "migration_keys_total",
+                "Keys on the servers keys move from when the mover started, or scanned if more (SCAN may return a key \
+                 twice, and a pass that failed is started again).",
+            ),
+            p.total_keys.load(Relaxed).max(p.scanned.load(Relaxed)),
         ),
         (
             g("migration_keys_scanned", "Keys the mover has scanned on the servers keys move from."),

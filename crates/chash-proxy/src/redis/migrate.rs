@@ -385,19 +385,23 @@ async fn pass(
             found += keys.len() as u64;
             m.progress.scanned_moving.fetch_add(keys.len() as u64, Relaxed);
             let sizes = sizes(source, &pinned, &keys, requester, limit).await?;
+            // Batches of at most `batch_bytes` (one key at least).
             let (mut small, mut bytes) = (Vec::new(), 0u64);
-            for (key, size) in keys.into_iter().zip(sizes) {
+            let mut keys = keys.into_iter().zip(sizes).peekable();
+            while let Some((key, size)) = keys.next() {
                 if size > settings.large_key_bytes {
                     large.push((to.clone(), key, size));
                 } else {
                     bytes += size;
                     small.push(key);
                 }
-            }
-            if !small.is_empty() {
-                move_batch(pool, m, source, &pinned, &to, &small, requester, limit).await?;
-                m.progress.moved_bytes.fetch_add(bytes, Relaxed);
-                throttle.took(small.len() as u64, bytes).await;
+                let full = keys.peek().is_some_and(|(_, next)| bytes + next > settings.batch_bytes.max(1));
+                if !small.is_empty() && (full || keys.peek().is_none()) {
+                    move_batch(pool, m, source, &pinned, &to, &small, requester, limit).await?;
+                    m.progress.moved_bytes.fetch_add(bytes, Relaxed);
+                    throttle.took(small.len() as u64, bytes).await;
+                    (small, bytes) = (Vec::new(), 0);
+                }
             }
         }
         if next.as_ref() == b"0" {
