@@ -21,17 +21,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Scan, Setup};
 use super::health::Health;
+use super::open::{open, BoxRead, BoxWrite};
 use super::request::{Address, BackendError, BackendSettings, Job, ReplyAccount, ReplyTx};
 use crate::stats::{Histogram, PerWorker, ServerCounters};
-
-pub(crate) type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
-pub(crate) type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// Requests a connection slot's queue holds before submitters wait.
 pub(super) const QUEUE: usize = 4096;
@@ -39,9 +37,6 @@ pub(super) const QUEUE: usize = 4096;
 /// While a server is unreachable, its connections try again this often
 /// on their own (a request tries at once).
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
-
-/// How long a connection attempt may take without a pool timeout.
-const CONNECT_LIMIT: Duration = Duration::from_secs(10);
 
 /// What a connection slot's task needs of its server.
 pub(super) struct Slot {
@@ -77,92 +72,6 @@ pub(super) fn fail(c: &ServerCounters, job: Job, err: &BackendError) {
 /// Whether `deadline` has passed by `now`.
 fn due(deadline: Option<Instant>, now: Instant) -> bool {
     deadline.is_some_and(|d| d <= now)
-}
-
-async fn connect(
-    address: &Address,
-    timeout: Option<Duration>,
-    tls: Option<&crate::tls::Connector>,
-) -> std::io::Result<(BoxRead, BoxWrite)> {
-    let limit = timeout.unwrap_or(CONNECT_LIMIT).max(Duration::from_millis(100));
-    let connecting = async {
-        match address {
-            Address::Tcp(a) => {
-                let s = tokio::net::TcpStream::connect(a.as_str()).await?;
-                s.set_nodelay(true)?;
-                if let Some(tls) = tls {
-                    // The handshake is part of the connection attempt: a
-                    // failure is a failed connection, with its reason.
-                    let host = a.rsplit_once(':').map_or(a.as_str(), |(host, _)| host);
-                    let stream = tls
-                        .connect(host, s)
-                        .await
-                        .map_err(|e| std::io::Error::new(e.kind(), format!("TLS handshake with {a}: {e}")))?;
-                    let (r, w) = tokio::io::split(stream);
-                    return Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite));
-                }
-                let (r, w) = s.into_split();
-                Ok::<(BoxRead, BoxWrite), std::io::Error>((Box::new(r), Box::new(w)))
-            }
-            Address::Unix(p) => {
-                let s = tokio::net::UnixStream::connect(p).await?;
-                let (r, w) = s.into_split();
-                Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
-            }
-            #[cfg(test)]
-            Address::Memory(name) => {
-                let (r, w) = tokio::io::split(super::memory::connect(name)?);
-                Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
-            }
-        }
-    };
-    match tokio::time::timeout(limit, connecting).await {
-        Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")),
-    }
-}
-
-/// Connects and runs the set-up commands; either failing is a failed
-/// connection attempt.
-pub(super) async fn open(
-    address: &Address,
-    timeout: Option<Duration>,
-    setup: Option<&Setup>,
-    tls: Option<&crate::tls::Connector>,
-) -> Result<(BoxRead, BoxWrite), String> {
-    let (mut r, mut w) = connect(address, timeout, tls).await.map_err(|e| e.to_string())?;
-    if let Some(setup) = setup {
-        let exchange = run_setup(&mut r, &mut w, setup);
-        match tokio::time::timeout(timeout.unwrap_or(CONNECT_LIMIT), exchange).await {
-            Ok(result) => result?,
-            Err(_) => return Err("connection set-up timed out".into()),
-        }
-    }
-    Ok((r, w))
-}
-
-/// Sends the set-up commands and checks each reply.
-async fn run_setup(r: &mut BoxRead, w: &mut BoxWrite, setup: &Setup) -> Result<(), String> {
-    for cmd in &setup.requests {
-        w.write_all(cmd).await.map_err(|e| e.to_string())?;
-    }
-    let mut buf = BytesMut::new();
-    let mut answered = 0;
-    while answered < setup.requests.len() {
-        match setup.framing.parse(&mut buf) {
-            Frame::Done(reply) => {
-                (setup.check)(&reply)?;
-                answered += 1;
-            }
-            Frame::Invalid(e) => return Err(e),
-            Frame::Incomplete => {
-                if r.read_buf(&mut buf).await.map_err(|e| e.to_string())? == 0 {
-                    return Err("server closed the connection during set-up".into());
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Opens a connection while requests wait for it: they are received into

@@ -17,6 +17,7 @@ pub(crate) mod framing;
 mod health;
 #[cfg(test)]
 pub(crate) mod memory;
+mod open;
 mod request;
 
 use std::fmt;
@@ -31,10 +32,10 @@ use chash::ServerLine;
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use connection::sleep_until_opt;
-pub(crate) use connection::{BoxRead, BoxWrite};
 pub(crate) use framing::{Chunk, Large, Reply, ReplyStream, Scan, Setup, Speech};
 pub use framing::{Frame, Framing};
 pub(crate) use health::{FailureHook, Health};
+pub(crate) use open::{BoxRead, BoxWrite};
 pub use request::Address;
 pub(crate) use request::{BackendError, BackendSettings, ReplyAccount, Requester};
 
@@ -364,7 +365,7 @@ impl Server {
     pub(crate) async fn connect_raw(&self, dialect: usize) -> Result<(BoxRead, BoxWrite), String> {
         let tls = self.settings.tls.as_ref().and_then(|t| t.connector_for(self.health.id(), self.line.name.as_deref()));
         let setup = self.settings.dialects.get(dialect).cloned().flatten();
-        connection::open(&self.address, self.timeout, setup.as_ref(), tls.as_deref()).await
+        open::open(&self.address, self.timeout, setup.as_ref(), tls.as_deref()).await
     }
 
     /// A place among the clients blocked on this server, if fewer than

@@ -35,3 +35,4 @@ mod pubsub;
 pub mod resp;
 pub(crate) mod session;
 mod subscribed;
+mod transaction;

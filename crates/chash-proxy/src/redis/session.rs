@@ -9,12 +9,9 @@ use bytes::{Bytes, BytesMut};
 
 use super::command::{keys_of, route, Gather, Route};
 use super::errors::{arity, err, forward_error};
-use super::resp::{
-    array_items, error, frames, integer, parse_request, Command, Request, RespLimits, Skip, STREAMED, WHOLE,
-    WHOLE_REPLY_LIMIT,
-};
+use super::resp::{array_items, error, integer, parse_request, Command, Request, RespLimits, Skip, STREAMED, WHOLE};
 use crate::backend::{BackendError, Pinned, Reply, Requester, Server};
-use crate::conn::{bytes_reply, ready, ready_owned, Out, PendingReply, Session, Step};
+use crate::conn::{bytes_reply, ready_owned, Out, PendingReply, Session, Step};
 use crate::options::Shared;
 use crate::pool::Pool;
 
@@ -31,36 +28,36 @@ pub(crate) struct RedisSession {
     /// The rest of a refused command, dropped as it arrives.
     pub(super) skip: Option<Skip>,
     /// A transaction being queued (between `MULTI` and `EXEC`).
-    tx: Option<Transaction>,
+    pub(super) tx: Option<Transaction>,
     /// `CLIENT SETNAME` and `CLIENT SETINFO` of this connection.
     pub(super) name: Option<Bytes>,
     pub(super) lib: [Option<Bytes>; 2],
     /// Keys watched (`WATCH`), on a server connection of this client's own.
-    watch: Option<Watch>,
+    pub(super) watch: Option<Watch>,
     /// Channels and patterns listened to (`SUBSCRIBE` ...).
     pub(super) sub: Option<super::pubsub::Subscribed>,
 }
 
 /// The server connection a client's `WATCH` went on: its `EXEC` goes on
 /// the same one, and nothing of another client's does.
-struct Watch {
-    server: Arc<Server>,
-    pinned: Pinned,
+pub(super) struct Watch {
+    pub(super) server: Arc<Server>,
+    pub(super) pinned: Pinned,
 }
 
 /// A transaction's commands, queued by the proxy until `EXEC`, then sent
 /// to their server together (`MULTI`, the commands, `EXEC` in one write on
 /// one connection, nothing of another client's between them).
 #[derive(Default)]
-struct Transaction {
-    commands: Vec<Command>,
+pub(super) struct Transaction {
+    pub(super) commands: Vec<Command>,
     /// The server of its keys.
-    server: Option<Arc<Server>>,
+    pub(super) server: Option<Arc<Server>>,
     /// Why it will be discarded at `EXEC`, if a command was refused.
-    refused: bool,
-    bytes: usize,
+    pub(super) refused: bool,
+    pub(super) bytes: usize,
     /// Its commands' keys (moved first at `EXEC` during a migration).
-    keys: Vec<Bytes>,
+    pub(super) keys: Vec<Bytes>,
 }
 
 /// A client counted in `blocked_clients` while it lives (its reply
@@ -79,9 +76,6 @@ impl Drop for BlockedClient {
         self.0.counters().blocked_clients.fetch_sub(1, Relaxed);
     }
 }
-
-/// The most commands (and bytes) a transaction queues in the proxy.
-const MAX_TRANSACTION: usize = 100_000;
 
 impl RedisSession {
     pub(crate) fn new(pool: Arc<Pool>, shared: Arc<Shared>, requester: Requester) -> RedisSession {
@@ -391,209 +385,6 @@ impl RedisSession {
                 }
                 None => first.unwrap_or_else(|| Bytes::from_static(b"+OK\r\n")),
             })
-        })
-    }
-
-    /// `MULTI`, `EXEC`, `DISCARD`.
-    async fn transaction(&mut self, name: &str, cmd: Command) -> PendingReply {
-        match (name, self.tx.take()) {
-            ("WATCH", None) => self.watch(cmd).await,
-            ("UNWATCH", None) => {
-                // Closing the connection forgets what it watched.
-                self.watch = None;
-                ready(b"+OK\r\n")
-            }
-            ("MULTI", None) => {
-                // Watched keys pin the transaction to their server.
-                let server = self.watch.as_ref().map(|w| w.server.clone());
-                self.tx = Some(Transaction { server, ..Transaction::default() });
-                ready(b"+OK\r\n")
-            }
-            ("MULTI", Some(tx)) => {
-                self.tx = Some(tx);
-                err(&self.pool, "ERR MULTI calls can not be nested".into())
-            }
-            ("DISCARD", Some(_)) => {
-                self.watch = None;
-                ready(b"+OK\r\n")
-            }
-            ("EXEC", Some(tx)) => self.exec(tx).await,
-            (_, None) => err(&self.pool, format!("ERR {name} without MULTI")),
-            (_, Some(tx)) => {
-                self.tx = Some(tx);
-                err(&self.pool, format!("ERR {name} inside MULTI is not allowed"))
-            }
-        }
-    }
-
-    /// `WATCH`: on a server connection of the client's own, pinned until
-    /// `EXEC`, `DISCARD` or `UNWATCH`. Its reply is awaited here, so the
-    /// client's later commands (the reads its transaction depends on) run
-    /// after the keys are watched even when it pipelines them.
-    async fn watch(&mut self, cmd: Command) -> PendingReply {
-        let pool = self.pool.clone();
-        if pool.migrating() {
-            if let Err(refused) = self.move_first(cmd.args[1..].iter()).await {
-                return refused;
-            }
-        }
-        let server = {
-            let state = pool.state();
-            let mut server: Option<Arc<Server>> = self.watch.as_ref().map(|w| w.server.clone());
-            for key in &cmd.args[1..] {
-                let Some(s) = state.server_for(key) else {
-                    return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
-                };
-                match &server {
-                    Some(first) if !Arc::ptr_eq(first, s) => {
-                        return err(
-                            &pool,
-                            format!(
-                                "ERR 'watch' key '{}' is on another server than the other watched keys; keys \
-                                 watched together (and their transaction's) need a common hash tag such as \
-                                 {{user:1}} (pool hash_tag)",
-                                String::from_utf8_lossy(key)
-                            ),
-                        );
-                    }
-                    Some(_) => {}
-                    None => server = Some(s.clone()),
-                }
-            }
-            match server {
-                Some(s) => s,
-                None => return err(&pool, arity("WATCH")),
-            }
-        };
-        let watch = self.watch.get_or_insert_with(|| Watch { pinned: server.pin(&self.requester), server });
-        let pending = watch.server.submit_pinned(&watch.pinned, cmd.wire(), WHOLE, 1, &self.requester).await;
-        match watch.server.finish(pending).await {
-            Ok(Reply::Whole(frame)) => ready_owned(frame),
-            Ok(Reply::Stream(_)) => err(&pool, "ERR backend sent an unexpected reply".into()),
-            Err(e) => {
-                let id = watch.server.id().to_owned();
-                self.watch = None;
-                ready_owned(forward_error(&pool, format!("ERR backend {id} {e}; nothing is watched")))
-            }
-        }
-    }
-
-    /// Queues a command of the transaction: `+QUEUED`, or an error that
-    /// makes `EXEC` discard it all (as Redis does with a command it cannot
-    /// queue): a command that cannot run in a transaction through the
-    /// proxy, or whose keys are on another server than the transaction's.
-    fn queue(&mut self, name: &str, cmd: Command) -> PendingReply {
-        let pool = self.pool.clone();
-        let Some(tx) = self.tx.as_mut() else { return err(&pool, "ERR not in a transaction".into()) };
-        let lower = name.to_ascii_lowercase();
-        let route = route(name, &cmd.args);
-        let positions: Vec<usize> = match &route {
-            // Sent along and answered by the server, as Redis queues them.
-            Route::Proxy if matches!(name, "PING" | "ECHO") => Vec::new(),
-            Route::Transaction if name == "UNWATCH" => Vec::new(),
-            Route::Arity => {
-                tx.refused = true;
-                return err(&pool, arity(name));
-            }
-            r => match keys_of(r, cmd.args.len()) {
-                Some(p) => p,
-                None => {
-                    tx.refused = true;
-                    return err(&pool, format!("ERR '{lower}' cannot run in a transaction through chash-proxy"));
-                }
-            },
-        };
-        let state = pool.state();
-        for p in positions {
-            if pool.migrating() {
-                tx.keys.push(cmd.args[p].clone());
-            }
-            let Some(s) = state.server_for(&cmd.args[p]) else {
-                tx.refused = true;
-                return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
-            };
-            match &tx.server {
-                Some(first) if !Arc::ptr_eq(first, s) => {
-                    tx.refused = true;
-                    return err(
-                        &pool,
-                        format!(
-                            "ERR '{lower}' uses key '{}', on another server than the transaction's earlier keys; \
-                             the keys of a transaction need a common hash tag such as {{user:1}} (pool hash_tag)",
-                            String::from_utf8_lossy(&cmd.args[p])
-                        ),
-                    );
-                }
-                Some(_) => {}
-                None => tx.server = Some(s.clone()),
-            }
-        }
-        tx.bytes += cmd.args.iter().map(|a| a.len() + 16).sum::<usize>();
-        if tx.commands.len() >= MAX_TRANSACTION || tx.bytes > WHOLE_REPLY_LIMIT {
-            tx.refused = true;
-            return err(&pool, "ERR transaction too large for chash-proxy".into());
-        }
-        tx.commands.push(cmd);
-        ready(b"+QUEUED\r\n")
-    }
-
-    /// Sends a queued transaction to its server as one write and answers
-    /// with `EXEC`'s reply; nothing runs when it was refused.
-    async fn exec(&mut self, tx: Transaction) -> PendingReply {
-        // EXEC ends the watch whatever happens.
-        let watch = self.watch.take();
-        if tx.refused {
-            return err(&self.pool, "EXECABORT Transaction discarded because of previous errors.".into());
-        }
-        if tx.commands.is_empty() && watch.is_none() {
-            return ready(b"*0\r\n");
-        }
-        // A migration began while it was queued: its keys move first, and
-        // it runs where they are now (watched keys: where they were
-        // watched; the migration moving them aborts the transaction).
-        let mut tx = tx;
-        if self.pool.migrating() && watch.is_none() && !tx.keys.is_empty() {
-            if let Err(refused) = self.move_first(tx.keys.iter()).await {
-                return refused;
-            }
-            tx.server = self.pool.state().server_for(&tx.keys[0]).cloned();
-        }
-        let server = match tx.server {
-            Some(s) => s,
-            // Only keyless commands (PING, ECHO): any server answers.
-            None => match self.pool.state().server_for(b"") {
-                Some(s) => s.clone(),
-                None => return ready_owned(forward_error(&self.pool, "ERR no live server in pool".into())),
-            },
-        };
-        let mut data = BytesMut::new();
-        data.extend_from_slice(b"*1\r\n$5\r\nMULTI\r\n");
-        for cmd in &tx.commands {
-            data.extend_from_slice(&cmd.wire());
-        }
-        data.extend_from_slice(b"*1\r\n$4\r\nEXEC\r\n");
-        let n = tx.commands.len() + 2;
-        let pending = match &watch {
-            // The transaction's server is the watched keys' (MULTI made it so).
-            Some(w) => server.submit_pinned(&w.pinned, data.freeze(), WHOLE, n, &self.requester).await,
-            None => server.submit_frames(data.freeze(), WHOLE, n, &self.requester).await,
-        };
-        let pool = self.pool.clone();
-        bytes_reply(async move {
-            match server.finish(pending).await {
-                // MULTI's +OK, each command's +QUEUED (or its error, which
-                // makes EXEC's reply -EXECABORT), then EXEC's reply.
-                Ok(Reply::Whole(replies)) => {
-                    // EXEC unwatched everything: the connection is clean.
-                    if let Some(w) = watch {
-                        server.release(w.pinned);
-                    }
-                    let all = frames(&replies);
-                    Some(all.last().cloned().unwrap_or_else(|| error("ERR backend sent an unexpected reply")))
-                }
-                Ok(Reply::Stream(_)) => Some(error("ERR backend sent an unexpected reply")),
-                Err(e) => Some(forward_error(&pool, format!("ERR backend {} {e}", server.id()))),
-            }
         })
     }
 
