@@ -433,6 +433,7 @@ impl Registry {
     }
 
     /// Changes each time a pool completes a migration.
+    #[cfg(feature = "etcd")]
     pub(crate) fn migrations_completed(&self) -> tokio::sync::watch::Receiver<u64> {
         self.migrated.subscribe()
     }

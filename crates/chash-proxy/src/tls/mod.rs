@@ -12,8 +12,10 @@
 mod build;
 mod live;
 
+#[cfg(feature = "etcd")]
+pub(crate) use build::check_client_files;
+pub(crate) use build::Connector;
 pub use build::TlsError;
-pub(crate) use build::{check_client_files, Connector};
 pub use live::check;
 pub(crate) use live::{warn_unverified, LiveTls};
 
