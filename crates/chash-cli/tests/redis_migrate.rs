@@ -705,6 +705,9 @@ fn an_etcd_fleet_moves_nothing_until_every_registered_proxy_is_armed() {
     chash(&["config", "put", "--etcd", &url, file.to_str().unwrap()]);
     let a = Proxy::on_etcd(&url, &[]);
     let mut b = Proxy::on_etcd(&url, &[]);
+    eventually(20, "both proxies registered", || {
+        chash_status(&["fleet", "status", "--etcd", &url]).1.contains("agree: 2 proxies")
+    });
     let state = dir.path("state.json");
     python(&["load", &a.addr, "20000", state.to_str().unwrap()]);
     let added = format!("{}:1 s3", servers[3].id());
