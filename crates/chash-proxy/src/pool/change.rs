@@ -389,8 +389,17 @@ impl Pool {
             .filter(|m| config.migration.as_ref().is_some_and(|c| c.from == m.from))
             .map(|m| m.progress.clone())
             .unwrap_or_default();
+        // Which servers lose keys, exactly, where the placement is made of
+        // points (a removal: only the removed server's keys move); else
+        // every server before the change may.
+        let losing = config
+            .snapshot()
+            .ok()
+            .and_then(|after| snapshot.placement().diff(after.placement()))
+            .and_then(Result::ok)
+            .map(|d| d.pairs.into_iter().map(|p| p.from).collect());
         let servers = previous.into_iter().map(|m| m.server).collect();
-        Ok(Migration::new(routing, servers, config, progress).map(Arc::new))
+        Ok(Migration::new(routing, servers, losing, config, progress).map(Arc::new))
     }
 
     /// Sets the protocol's mover; a migration the pool started with

@@ -86,6 +86,9 @@ pub struct Migration {
     /// The servers behind `routing`'s members (a removed server's too: it
     /// stays connected until the migration is done).
     servers: Vec<Arc<Server>>,
+    /// The ids of the servers that lose keys, when the placements' diff
+    /// says exactly (`None`: any server before the change may).
+    losing: Option<Vec<String>>,
     /// The config's `migrate_state`.
     pub state: MigrationState,
     /// The server lines before the change (`migrate_from`).
@@ -176,6 +179,7 @@ impl Migration {
     pub(super) fn new(
         routing: Arc<Routing>,
         servers: Vec<Arc<Server>>,
+        losing: Option<Vec<String>>,
         config: &PoolConfig,
         progress: Arc<Progress>,
     ) -> Option<Migration> {
@@ -183,6 +187,7 @@ impl Migration {
         Some(Migration {
             routing,
             servers,
+            losing,
             state: m.state,
             from: m.from.clone(),
             phase: AtomicU8::new(0),
@@ -235,7 +240,8 @@ impl Migration {
     pub fn sources(&self) -> Vec<Arc<Server>> {
         let mut out: Vec<Arc<Server>> = Vec::new();
         for s in &self.servers {
-            if !out.iter().any(|o| Arc::ptr_eq(o, s)) {
+            let loses = self.losing.as_ref().is_none_or(|ids| ids.iter().any(|id| id == s.id()));
+            if loses && !out.iter().any(|o| Arc::ptr_eq(o, s)) {
                 out.push(s.clone());
             }
         }
