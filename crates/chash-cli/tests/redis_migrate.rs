@@ -472,6 +472,13 @@ fn a_server_added_then_one_removed_without_losing_a_key() {
 
     chash(&["config", "remove", "-c", file, "--migrate", &servers[1].id(), "-i"]);
     migrate_through(&config, &[&a, &b]);
+    // A removal from a ring moves the removed server's keys only: its mover
+    // scanned that server alone.
+    let scanned: Vec<String> =
+        a.log.lock().unwrap().iter().filter(|l| l.contains("migration: scanning")).cloned().collect();
+    assert_eq!(scanned.len(), 2, "{scanned:?}");
+    assert!(scanned[1].contains(&format!("scanning {} pool=", servers[1].id())), "{scanned:?}");
+    assert_eq!(scanned[0].matches("127.0.0.1:").count(), 3, "an addition moves keys from every server: {scanned:?}");
     let stats = work.finish();
     zero(&stats, &["older_reads", "wrong_loaded"]);
     assert!(stats["writes"].as_u64().unwrap() > 1000, "{stats}");

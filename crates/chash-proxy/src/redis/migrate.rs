@@ -304,6 +304,8 @@ async fn move_all(pool: Arc<Pool>, m: Arc<Migration>, settings: MoveSettings) {
         }
     }
     m.progress.total_keys.store(total, Relaxed);
+    let ids: Vec<&str> = sources.iter().map(|s| s.id()).collect();
+    tracing::info!(pool = %pool.name(), keys = total, "migration: scanning {}", ids.join(" "));
     let mut throttle = Throttle::new(settings);
     loop {
         let mut found = 0;
