@@ -313,7 +313,7 @@ fn edit_stored(
     let target = file.tls.target(url)?;
     // A migrating change (--migrate, or a pool with `migrate: true`) is
     // written armed, and moves only once every proxy runs it.
-    let (written, _) = crate::etcd::edit(&target, file.retry, None, change, &edit.to_string())?;
+    let written = crate::etcd::edit(&target, file.retry, change, &edit.to_string())?;
     let ok = if written.edited.after.migration.is_some() {
         crate::etcd_migrate::arm(&target, &written, file.wait)?
     } else {

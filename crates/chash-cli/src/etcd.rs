@@ -16,7 +16,7 @@ const POLL: Duration = Duration::from_millis(5);
 
 /// Runs `f` on a small runtime of its own (the CLI is otherwise
 /// synchronous).
-fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+pub(crate) fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
     let runtime =
         tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
     runtime.block_on(f)
@@ -53,13 +53,7 @@ pub struct Written {
 /// revision) to the stored config with compare-and-swap; on a conflict,
 /// reads again and re-applies up to `retry` times. Says what it wrote on
 /// standard output.
-pub fn edit(
-    target: &EtcdTarget,
-    retry: u32,
-    wait: Option<f64>,
-    change: impl Fn(&str) -> Result<Edited>,
-    what: &str,
-) -> Result<(Written, bool)> {
+pub fn edit(target: &EtcdTarget, retry: u32, change: impl Fn(&str) -> Result<Edited>, what: &str) -> Result<Written> {
     block_on(async {
         let mut client = etcd::connect(target).await?;
         let key = target.config_key();
@@ -81,11 +75,7 @@ pub fn edit(
             "{key}: {what} (pool {}): revision {} -> {}",
             written.edited.after.name, written.read, written.revision
         );
-        let ok = match wait {
-            Some(secs) => wait_for(&mut client, target, written.revision, secs).await?,
-            None => true,
-        };
-        Ok((written, ok))
+        Ok(written)
     })
 }
 

@@ -17,19 +17,13 @@ use chash::config_edit::{pick_pool, set_migration};
 use chash::{MigrationState, PoolConfig};
 use chash_proxy::etcd::{self, Client, EtcdError, EtcdTarget, ProxyReport};
 
+use crate::etcd::block_on;
+
 /// How often the barrier asks etcd for the proxies' reports.
 const POLL: Duration = Duration::from_millis(20);
 
 /// The wait for every proxy to arm when `--wait` is not given.
 pub const DEFAULT_BARRIER_SECS: f64 = 30.0;
-
-/// Runs `f` on a small runtime of its own (the CLI is otherwise
-/// synchronous).
-fn block_on<T>(f: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-    let runtime =
-        tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start the runtime")?;
-    runtime.block_on(f)
-}
 
 /// The stored config, its pool `name` (or its only pool) and that pool.
 async fn read_pool(
@@ -80,6 +74,14 @@ fn describe(p: &ProxyReport, name: &str) -> String {
         s.push_str(&format!(": {e}"));
     }
     s
+}
+
+/// `header`, then each proxy that lags, a line each.
+fn print_lagging(header: &str, lagging: &[ProxyReport], name: &str) {
+    println!("{header}");
+    for p in lagging {
+        println!("  {}", describe(p, name));
+    }
 }
 
 /// The stored text with pool `name`'s migration in `state`, written over
@@ -142,10 +144,9 @@ pub fn arm(target: &EtcdTarget, written: &crate::etcd::Written, wait: Option<f64
             Ok(_) => return Ok(true),
             Err(lagging) => lagging,
         };
-        println!("not every proxy armed pool {name} within {secs} s (--wait); lagging ({} of them):", lagging.len());
-        for p in &lagging {
-            println!("  {}", describe(p, &name));
-        }
+        let header =
+            format!("not every proxy armed pool {name} within {secs} s (--wait); lagging ({} of them):", lagging.len());
+        print_lagging(&header, &lagging, &name);
         // Nothing moves while armed: the change is taken back whole.
         match etcd::store::write_config(&mut client, target, &written.before_text, Some(written.revision)).await {
             Ok(revision) => println!(
@@ -173,7 +174,6 @@ pub fn start(target: &EtcdTarget, pool: Option<&str>, wait: Option<f64>, force: 
         if m.state != MigrationState::Armed {
             bail!("pool {name}'s migration is {} already", m.state.name());
         }
-        let secs = if force { 0.0 } else { wait.unwrap_or(DEFAULT_BARRIER_SECS) };
         if force {
             let revision = write_state(
                 &mut client,
@@ -192,13 +192,15 @@ pub fn start(target: &EtcdTarget, pool: Option<&str>, wait: Option<f64>, force: 
             );
             return Ok(true);
         }
+        let secs = wait.unwrap_or(DEFAULT_BARRIER_SECS);
         match arm_then_move(&mut client, target, &stored, &name, &pool, secs).await? {
             Ok(_) => Ok(true),
             Err(lagging) => {
-                println!("not every proxy runs the armed pool {name} after {secs} s; lagging:");
-                for p in &lagging {
-                    println!("  {}", describe(p, &name));
-                }
+                print_lagging(
+                    &format!("not every proxy runs the armed pool {name} after {secs} s; lagging:"),
+                    &lagging,
+                    &name,
+                );
                 println!("nothing written: the migration stays armed (nothing moves)");
                 Ok(false)
             }
@@ -231,10 +233,8 @@ pub fn finish(target: &EtcdTarget, pool: Option<&str>, wait: Option<f64>, force:
             match barrier(&mut client, target, &name, &done, wait.unwrap_or(0.0)).await? {
                 Ok(n) => println!("completed by {n} of {n} proxies ({:.3} s)", elapsed(started)),
                 Err(lagging) => {
-                    println!("not every proxy has completed pool {name}'s migration; still migrating:");
-                    for p in &lagging {
-                        println!("  {}", describe(p, &name));
-                    }
+                    let header = format!("not every proxy has completed pool {name}'s migration; still migrating:");
+                    print_lagging(&header, &lagging, &name);
                     println!(
                         "nothing written: wait for them (chash migrate status --etcd URL --watch, or --wait SECS)"
                     );
