@@ -317,6 +317,14 @@ fn pool_json(p: &PoolSnapshot, counters: bool) -> Value {
                 "address": s.address,
                 "state": s.state,
             });
+            if let Some(g) = &s.group {
+                v["group"] = json!({
+                    "primary": g.primary,
+                    "failing_over": g.switching,
+                    "failovers": g.failovers,
+                    "config_epoch": g.epoch,
+                });
+            }
             if counters {
                 counters_json(&mut v, &s.counters);
                 v["latency_us"] = json!({
@@ -513,6 +521,38 @@ fn metrics(registry: &Registry) -> String {
     metric_head(&mut out, "chash_server_up", &up);
     for (p, s) in servers() {
         let _ = writeln!(out, "chash_server_up{{{}}} {}", labels(p, s), u64::from(s.state == "up"));
+    }
+    if servers().any(|(_, s)| s.group.is_some()) {
+        type Gauge = (&'static str, &'static str, fn(&crate::stats::GroupView) -> u64);
+        let gauges: [Gauge; 3] = [
+            ("chash_server_group_failovers", "Sentinel groups: switches of primary this proxy has seen.", |g| {
+                g.failovers
+            }),
+            (
+                "chash_server_group_failing_over",
+                "Sentinel groups: 1 while a failover holds the group's requests.",
+                |g| u64::from(g.switching),
+            ),
+            ("chash_server_group_config_epoch", "Sentinel groups: the config epoch of the primary in use.", |g| {
+                g.epoch
+            }),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (p, s) in servers() {
+                if let Some(g) = &s.group {
+                    let _ = writeln!(out, "{name}{{{}}} {}", labels(p, s), value(g));
+                }
+            }
+        }
+        let _ = writeln!(out, "# HELP chash_server_group_primary Sentinel groups: the primary in use (the label), 1.");
+        let _ = writeln!(out, "# TYPE chash_server_group_primary gauge");
+        for (p, s) in servers() {
+            if let Some(primary) = s.group.as_ref().and_then(|g| g.primary.as_deref()) {
+                let _ =
+                    writeln!(out, "chash_server_group_primary{{{},primary=\"{}\"}} 1", labels(p, s), label(primary));
+            }
+        }
     }
     let _ = writeln!(out, "# HELP chash_server_latency_seconds Time from writing a request to reading its reply.");
     let _ = writeln!(out, "# TYPE chash_server_latency_seconds histogram");

@@ -456,6 +456,21 @@ pub struct ServerSnapshot {
     pub counters: Vec<(Desc, u64)>,
     /// Time from writing a request to reading its reply.
     pub latency: HistogramValues,
+    /// A Sentinel group's state, when the server is one.
+    pub group: Option<GroupView>,
+}
+
+/// A Sentinel master group as `/stats` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupView {
+    /// Its primary now (`HOST:PORT`), once known.
+    pub primary: Option<String>,
+    /// A failover is under way: its requests wait for the new primary.
+    pub switching: bool,
+    /// Switches of primary this proxy has seen.
+    pub failovers: u64,
+    /// The config epoch of its primary.
+    pub epoch: u64,
 }
 
 impl PoolSnapshot {

@@ -95,7 +95,8 @@ fn pool(extra: &str, names: &[String], setup: Option<Setup>) -> Arc<Pool> {
         addresses.insert(format!("s{}", i + 1), Address::Memory(name.clone()));
     }
     let config = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap();
-    let speech = Speech { protocol: "memcached", dialects: vec![setup], probe: None, before_return: None };
+    let speech =
+        Speech { protocol: "memcached", dialects: vec![setup], probe: None, before_return: None, locator: None };
     Pool::start(config, addresses, Workers::current(), speech).unwrap()
 }
 
@@ -440,7 +441,8 @@ async fn persisted_changes_rebuild(distribution: &str, n: u64) {
         }
         std::fs::write(&path, &yml).unwrap();
         let config = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap();
-        let speech = Speech { protocol: "memcached", dialects: vec![None], probe: None, before_return: None };
+        let speech =
+            Speech { protocol: "memcached", dialects: vec![None], probe: None, before_return: None, locator: None };
         let pool = Pool::start(config, HashMap::new(), Workers::current(), speech).unwrap();
         let options = ProxyOptions { config_path: Some(path.clone()), persist: true, ..Default::default() };
         let shared = Arc::new(Shared { options, started: std::time::Instant::now() });

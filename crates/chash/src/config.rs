@@ -160,6 +160,27 @@ pub struct PoolFile {
     pub server_password_file: Option<String>,
     /// chash (proxy, Redis pools): the users clients log in as.
     pub users: Option<Vec<crate::pool_config::RedisUser>>,
+    /// chash (proxy, Redis pools): Redis Sentinels, `HOST:PORT` each; with
+    /// them every server line's ID names a Sentinel master group.
+    pub sentinels: Option<Vec<String>>,
+    /// chash (proxy, Sentinel pools): the Sentinels' password.
+    pub sentinel_password: Option<String>,
+    /// chash (proxy, Sentinel pools): milliseconds a group's requests wait
+    /// for its new primary during a failover (default 5000; 0: `TRYAGAIN`
+    /// at once).
+    pub failover_hold: Option<u64>,
+    /// chash (proxy, Sentinel pools): milliseconds between polls of the
+    /// Sentinels (default 1000; their events act at once).
+    pub sentinel_poll: Option<u64>,
+    /// chash (proxy, Sentinel pools): where reads go: `primary` (default),
+    /// `prefer-primary`, `replica`, `prefer-replica`, `any`.
+    pub read_policy: Option<String>,
+    /// chash (proxy, Sentinel pools): seconds of replication lag past which
+    /// a replica gets no reads (default 10).
+    pub replica_max_lag: Option<u64>,
+    /// chash (proxy, Sentinel pools): servers' zones by `HOST:PORT`; reads
+    /// prefer replicas in the proxy's zone (`chash proxy --zone`).
+    pub server_zones: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// A whole config file: pools in file order.
@@ -291,6 +312,15 @@ impl PoolFile {
         access.server_password_file.clone_from(&self.server_password_file);
         access.users = self.users.clone().unwrap_or_default();
         b = b.access(access);
+        let mut sentinel = crate::SentinelKeys::default();
+        sentinel.sentinels.clone_from(&self.sentinels);
+        sentinel.password.clone_from(&self.sentinel_password);
+        sentinel.failover_hold_ms = self.failover_hold;
+        sentinel.poll_ms = self.sentinel_poll;
+        sentinel.read_policy.clone_from(&self.read_policy);
+        sentinel.replica_max_lag_secs = self.replica_max_lag;
+        sentinel.zones.clone_from(&self.server_zones);
+        b = b.sentinel(sentinel);
         for line in &self.servers {
             b = b.server_line(line);
         }

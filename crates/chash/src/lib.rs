@@ -59,6 +59,7 @@ mod placement;
 mod points;
 mod pool_config;
 mod ring;
+mod sentinel_config;
 mod snapshot;
 
 pub use any_placement::{AnyCandidates, AnyPlacement, AnyPointRing};
@@ -72,6 +73,9 @@ pub use pool_config::{
     Migration, MigrationState, PoolBuilder, PoolConfig, PoolTls, RedisAccess, RedisUser, ServerTls, DEFAULT_LISTEN,
 };
 pub use ring::{LabelPart, PointLabel, Ring, RingBuilder, RingCandidates, DEFAULT_VNODES, MAX_POINTS};
+pub use sentinel_config::{
+    ReadPolicy, SentinelKeys, SentinelSettings, DEFAULT_FAILOVER_HOLD, DEFAULT_REPLICA_MAX_LAG, DEFAULT_SENTINEL_POLL,
+};
 pub use snapshot::{Snapshot, FINGERPRINT_PROBES};
 
 /// The README's Rust examples, compiled and run as doc tests.

@@ -13,6 +13,7 @@ use crate::any_placement::AnyPlacement;
 use crate::compat::{twemproxy_order, Ketama, Modula, NginxChash};
 use crate::distribution::Distribution;
 use crate::ring::{PointLabel, Ring, DEFAULT_VNODES};
+use crate::sentinel_config::{SentinelKeys, SentinelSettings};
 use crate::snapshot::Snapshot;
 use crate::{Error, KeyHasher, LineState, Node, Result, ServerLine};
 
@@ -110,6 +111,9 @@ pub struct PoolConfig {
     /// Redis credentials: the proxy's own login to its servers and the
     /// users clients log in as (`server_user`, `server_password`, `users`).
     pub access: RedisAccess,
+    /// Redis pools whose server lines name Sentinel master groups
+    /// (`sentinels` and the keys that go with it).
+    pub sentinel: Option<SentinelSettings>,
 }
 
 /// A Redis pool's membership change whose moved keys are being moved:
@@ -525,6 +529,7 @@ pub struct PoolBuilder {
     migrate_state: Option<String>,
     tls: PoolTls,
     access: RedisAccess,
+    sentinel: SentinelKeys,
 }
 
 /// A setter for an optional builder field.
@@ -580,6 +585,7 @@ impl PoolBuilder {
             migrate_state: None,
             tls: PoolTls::default(),
             access: RedisAccess::default(),
+            sentinel: SentinelKeys::default(),
         }
     }
 
@@ -592,6 +598,12 @@ impl PoolBuilder {
     /// The pool's Redis credentials (checked by [`PoolBuilder::build`]).
     pub fn access(mut self, access: RedisAccess) -> Self {
         self.access = access;
+        self
+    }
+
+    /// The pool's Sentinel keys (checked by [`PoolBuilder::build`]).
+    pub fn sentinel(mut self, keys: SentinelKeys) -> Self {
+        self.sentinel = keys;
         self
     }
 
@@ -890,6 +902,7 @@ impl PoolBuilder {
             drain: self.drain,
             migrate: self.migrate.unwrap_or(false),
             migration,
+            sentinel: self.sentinel.resolve(self.redis == Some(true))?,
             tls: self.tls,
             access: self.access,
         };
@@ -898,6 +911,13 @@ impl PoolBuilder {
         if pool.access.is_set() && !pool.redis {
             return Err(Error::Config(
                 "server_user, server_password and users apply to Redis pools (redis is not true)".into(),
+            ));
+        }
+        if pool.sentinel.is_some() && (pool.migrate || pool.migration.is_some()) {
+            return Err(Error::Config(
+                "migrate and sentinels together are not supported yet: a Sentinel pool's groups keep their keys \
+                 through a failover; change its membership without migrate"
+                    .into(),
             ));
         }
         if pool.replicas == 0 {

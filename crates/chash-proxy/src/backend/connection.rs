@@ -27,7 +27,8 @@ use tokio::time::Instant;
 
 use super::framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Scan, Setup};
 use super::health::Health;
-use super::open::{open, BoxRead, BoxWrite};
+use super::moving::switched;
+use super::open::{open, BoxRead, Opened};
 use super::request::{Address, BackendError, BackendSettings, Job, ReplyAccount, ReplyTx};
 use crate::stats::{Histogram, PerWorker, ServerCounters};
 
@@ -81,7 +82,7 @@ async fn open_while_waiting(
     slot: &Slot,
     rx: &mut mpsc::Receiver<Job>,
     waiting: &mut VecDeque<Job>,
-) -> Option<Result<(BoxRead, BoxWrite), String>> {
+) -> Option<Result<Opened, BackendError>> {
     // The connector as it is now (certificates reload without a restart).
     let tls = slot.settings.tls.as_ref().and_then(|t| t.connector_for(slot.health.id(), slot.name.as_deref()));
     let opening = open(&slot.address, slot.settings.timeout, slot.setup.as_ref(), tls.as_deref());
@@ -114,6 +115,9 @@ enum Ended {
     Eof,
     /// A reply timed out.
     TimedOut,
+    /// The server's address moved (a Sentinel group's primary switched):
+    /// not a failure of the server.
+    Moved(String),
     /// Anything else.
     Error(String),
 }
@@ -123,7 +127,7 @@ impl Ended {
         match self {
             Ended::Eof => "server closed the connection".into(),
             Ended::TimedOut => "reply timed out".into(),
-            Ended::Error(e) => e.clone(),
+            Ended::Moved(e) | Ended::Error(e) => e.clone(),
         }
     }
 
@@ -131,7 +135,7 @@ impl Ended {
         let counter = match self {
             Ended::Eof => &c.server_eof,
             Ended::TimedOut => &c.server_timedout,
-            Ended::Error(_) => &c.server_err,
+            Ended::Moved(_) | Ended::Error(_) => &c.server_err,
         };
         counter.fetch_add(1, Relaxed);
     }
@@ -152,32 +156,38 @@ pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
         let Some(opened) = open_while_waiting(&slot, &mut rx, &mut waiting).await else { return };
         let c = slot.counters.local();
         match opened {
-            Ok((r, w)) => {
+            Ok(opened) => {
                 c.server_connections.fetch_add(1, Relaxed);
                 c.connections_made.fetch_add(1, Relaxed);
                 slot.health.connected();
-                let ended = run_connection(r, w, std::mem::take(&mut waiting), &mut rx, &slot).await;
+                let ended = run_connection(opened, std::mem::take(&mut waiting), &mut rx, &slot).await;
                 let c = slot.counters.local();
                 c.server_connections.fetch_sub(1, Relaxed);
                 let Some(ended) = ended else { return }; // the server was dropped: queue closed
                 ended.count(c);
                 tracing::debug!(address = %slot.address, "server connection closed: {}", ended.why());
-                slot.health.failed(&ended.why());
+                if !matches!(ended, Ended::Moved(_)) {
+                    slot.health.failed(&ended.why());
+                }
                 if slot.once {
                     return refuse_all(&slot, rx, BackendError::Closed(ended.why())).await;
                 }
             }
-            Err(why) => {
+            Err(err) => {
                 c.server_err.fetch_add(1, Relaxed);
-                if slot.health.unreachable() {
-                    tracing::warn!(server = %slot.health.id(), "server unreachable: {why}");
+                if let BackendError::Retry(why) = &err {
+                    // Between primaries: not the server failing.
+                    tracing::info!(server = %slot.health.id(), "{why}");
                 } else {
-                    tracing::debug!(server = %slot.health.id(), "server still unreachable: {why}");
+                    if slot.health.unreachable() {
+                        tracing::warn!(server = %slot.health.id(), "server unreachable: {err}");
+                    } else {
+                        tracing::debug!(server = %slot.health.id(), "server still unreachable: {err}");
+                    }
+                    slot.health.failed(&err.to_string());
                 }
-                slot.health.failed(&why);
                 // The requests that waited for the attempt, and those that
                 // queued meanwhile, get its outcome.
-                let err = BackendError::Connect(why);
                 for job in waiting.drain(..) {
                     fail(c, job, &err);
                 }
@@ -250,12 +260,18 @@ impl InFlight {
 /// Runs one connection until it fails (`Some`) or the queue closes (`None`);
 /// `first` are requests that waited for it.
 async fn run_connection(
-    r: BoxRead,
-    mut w: BoxWrite,
+    opened: Opened,
     mut first: VecDeque<Job>,
     rx: &mut mpsc::Receiver<Job>,
     slot: &Slot,
 ) -> Option<Ended> {
+    let Opened { read: r, write: mut w, primary } = opened;
+    // A moving server's connection ends when its primary switches.
+    let mut target = match &slot.address {
+        super::request::Address::Moving(m) => Some(m.target.clone()),
+        _ => None,
+    };
+    let primary = primary.unwrap_or_default();
     let timeout = slot.settings.timeout;
     let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<InFlight>();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<String>();
@@ -272,6 +288,20 @@ async fn run_connection(
         if jobs.is_empty() {
             let job = tokio::select! {
                 biased;
+                () = switched(target.as_mut(), &primary), if target.is_some() => {
+                    // Requests written to the old primary are answered
+                    // with an error now, not with what it says: a write it
+                    // takes after its group started failing over may be
+                    // lost when it rejoins as a replica.
+                    let why = format!(
+                        "{primary} is no longer the primary of group {} (failing over); the request may or may not have been applied",
+                        slot.health.id()
+                    );
+                    let _ = stop_tx.send(why.clone());
+                    let _ = reader.await;
+                    let _ = w.shutdown().await;
+                    return Some(Ended::Moved(why));
+                }
                 job = rx.recv() => job,
                 done = &mut reader => return Some(ended_by_reader(done)),
             };
@@ -517,6 +547,12 @@ async fn read_replies(
         let deadline = line.waiting.front().and_then(|f| f.deadline);
         tokio::select! {
             biased;
+            // First: once told to stop, no reply read after is passed on.
+            why = &mut stop => {
+                let why = why.unwrap_or_else(|_| "connection closed".into());
+                line.fail_all(c, &BackendError::Closed(why.clone()));
+                return Some(Ended::Error(why));
+            }
             f = line.inflight.recv(), if line.waiting.is_empty() => match f {
                 Some(f) => line.waiting.push_back(f),
                 None => return None,
@@ -532,11 +568,6 @@ async fn read_replies(
                     return Some(Ended::Error(e.to_string()));
                 }
             },
-            why = &mut stop => {
-                let why = why.unwrap_or_else(|_| "connection closed".into());
-                line.fail_all(c, &BackendError::Closed(why.clone()));
-                return Some(Ended::Error(why));
-            }
             _ = sleep_until_opt(deadline) => {
                 line.fail_all(c, &BackendError::Timeout);
                 return Some(Ended::TimedOut);

@@ -129,4 +129,18 @@ pub(crate) struct Speech {
     pub probe: Option<Setup>,
     /// What it gets before it is taken back.
     pub before_return: Option<Setup>,
+    /// Where servers are, when the protocol finds them (Redis Sentinel
+    /// groups) instead of their lines naming addresses.
+    pub locator: Option<std::sync::Arc<dyn Locator>>,
+}
+
+/// Finds the servers of a pool whose lines name something to look up
+/// (Redis Sentinel master groups).
+pub(crate) trait Locator: Send + Sync {
+    /// Where a server line's server is reached (inside a runtime: it may
+    /// start the tasks that follow it).
+    fn locate(&self, line: &chash::ServerLine) -> super::Address;
+
+    /// Each located server's state, by id.
+    fn views(&self) -> std::collections::BTreeMap<String, crate::stats::GroupView>;
 }

@@ -17,6 +17,7 @@ pub(crate) mod framing;
 mod health;
 #[cfg(test)]
 pub(crate) mod memory;
+mod moving;
 mod open;
 mod request;
 
@@ -32,9 +33,10 @@ use chash::ServerLine;
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use connection::sleep_until_opt;
-pub(crate) use framing::{Chunk, Large, Reply, ReplyStream, Scan, Setup, Speech};
+pub(crate) use framing::{Chunk, Large, Locator, Reply, ReplyStream, Scan, Setup, Speech};
 pub use framing::{Frame, Framing};
 pub(crate) use health::{FailureHook, Health};
+pub(crate) use moving::{Moving, Target};
 pub(crate) use open::{BoxRead, BoxWrite};
 pub use request::Address;
 pub(crate) use request::{BackendError, BackendSettings, ReplyAccount, Requester};
@@ -365,7 +367,8 @@ impl Server {
     pub(crate) async fn connect_raw(&self, dialect: usize) -> Result<(BoxRead, BoxWrite), String> {
         let tls = self.settings.tls.as_ref().and_then(|t| t.connector_for(self.health.id(), self.line.name.as_deref()));
         let setup = self.settings.dialects.get(dialect).cloned().flatten();
-        open::open(&self.address, self.timeout, setup.as_ref(), tls.as_deref()).await
+        let opened = open::open(&self.address, self.timeout, setup.as_ref(), tls.as_deref()).await;
+        opened.map(|o| (o.read, o.write)).map_err(|e| e.to_string())
     }
 
     /// A place among the clients blocked on this server, if fewer than

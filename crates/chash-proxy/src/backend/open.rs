@@ -7,7 +7,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::framing::{Frame, Setup};
-use super::request::Address;
+use super::request::{Address, BackendError};
 
 pub(crate) type BoxRead = Box<dyn AsyncRead + Send + Unpin>;
 pub(crate) type BoxWrite = Box<dyn AsyncWrite + Send + Unpin>;
@@ -45,6 +45,10 @@ async fn connect(
                 let (r, w) = s.into_split();
                 Ok((Box::new(r) as BoxRead, Box::new(w) as BoxWrite))
             }
+            // Resolved by `open` before it connects.
+            Address::Moving(m) => {
+                Err(std::io::Error::new(std::io::ErrorKind::NotFound, format!("group {} not resolved", m.name)))
+            }
             #[cfg(test)]
             Address::Memory(name) => {
                 let (r, w) = tokio::io::split(super::memory::connect(name)?);
@@ -58,23 +62,40 @@ async fn connect(
     }
 }
 
+/// An open, set-up connection.
+pub(super) struct Opened {
+    pub read: BoxRead,
+    pub write: BoxWrite,
+    /// The primary it was opened to, when the server's address moves.
+    pub primary: Option<String>,
+}
+
 /// Connects and runs the set-up commands; either failing is a failed
-/// connection attempt.
+/// connection attempt. A moving address is resolved first (waiting, up to
+/// its hold, while it switches: [`BackendError::Retry`] when it does not
+/// settle) and its connections are verified after the set-up.
 pub(super) async fn open(
     address: &Address,
     timeout: Option<Duration>,
     setup: Option<&Setup>,
     tls: Option<&crate::tls::Connector>,
-) -> Result<(BoxRead, BoxWrite), String> {
-    let (mut r, mut w) = connect(address, timeout, tls).await.map_err(|e| e.to_string())?;
-    if let Some(setup) = setup {
+) -> Result<Opened, BackendError> {
+    let (resolved, primary, verify) = match address {
+        Address::Moving(m) => {
+            let primary = m.primary().await.map_err(BackendError::Retry)?;
+            (Address::Tcp(primary.clone()), Some(primary), m.verify.as_ref())
+        }
+        other => (other.clone(), None, None),
+    };
+    let (mut r, mut w) = connect(&resolved, timeout, tls).await.map_err(|e| BackendError::Connect(e.to_string()))?;
+    for setup in [setup, verify].into_iter().flatten() {
         let exchange = run_setup(&mut r, &mut w, setup);
         match tokio::time::timeout(timeout.unwrap_or(CONNECT_LIMIT), exchange).await {
-            Ok(result) => result?,
-            Err(_) => return Err("connection set-up timed out".into()),
+            Ok(result) => result.map_err(BackendError::Connect)?,
+            Err(_) => return Err(BackendError::Connect("connection set-up timed out".into())),
         }
     }
-    Ok((r, w))
+    Ok(Opened { read: r, write: w, primary })
 }
 
 /// Sends the set-up commands and checks each reply.

@@ -33,6 +33,9 @@ pub enum BackendError {
     /// The reply was dropped: its client holds too many unread replies
     /// (its connection is closing).
     Overflow,
+    /// The server is between addresses (a Sentinel group failing over)
+    /// and the request was not sent: it may be tried again.
+    Retry(String),
 }
 
 impl fmt::Display for BackendError {
@@ -45,6 +48,7 @@ impl fmt::Display for BackendError {
             BackendError::Gone => f.write_str("server removed"),
             BackendError::TooLarge(limit) => write!(f, "reply over {limit} bytes"),
             BackendError::Overflow => f.write_str("reply dropped: the client holds too many unread replies"),
+            BackendError::Retry(e) => f.write_str(e),
         }
     }
 }
@@ -58,6 +62,9 @@ pub enum Address {
     Tcp(String),
     /// A unix socket path.
     Unix(String),
+    /// Wherever its discoverer says now, over TCP (a Sentinel group's
+    /// primary).
+    Moving(Arc<super::moving::Moving>),
     /// An in-process endpoint of the tests' memory network.
     #[cfg(test)]
     Memory(String),
@@ -79,6 +86,10 @@ impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Address::Tcp(a) | Address::Unix(a) => f.write_str(a),
+            Address::Moving(m) => match &m.target.borrow().primary {
+                Some(p) => write!(f, "{}@{p}", m.name),
+                None => write!(f, "{}@?", m.name),
+            },
             #[cfg(test)]
             Address::Memory(a) => write!(f, "memory:{a}"),
         }

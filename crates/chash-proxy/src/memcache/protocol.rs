@@ -45,6 +45,7 @@ impl Protocol for Memcached {
                 framing: LINE,
                 check: |r| if r.starts_with(b"OK") { Ok(()) } else { Err(String::from_utf8_lossy(r).into_owned()) },
             }),
+            locator: None,
         }
     }
 

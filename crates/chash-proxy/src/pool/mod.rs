@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use arc_swap::ArcSwap;
 use chash::{Distribution, LineState, PoolConfig, ServerLine};
 
-use crate::backend::{Address, BackendSettings, FailureHook, Server, Setup, Speech};
+use crate::backend::{Address, BackendSettings, FailureHook, Locator, Server, Setup, Speech};
 use crate::stats::{described, PerWorker, PoolCounters, PoolEvents, PoolSnapshot, ServerSnapshot};
 use crate::workers::Workers;
 
@@ -79,6 +79,9 @@ pub struct Pool {
     /// it is taken back.
     probe: Option<Setup>,
     before_return: Option<Setup>,
+    /// Where its servers are when its protocol looks them up (Sentinel
+    /// groups).
+    locator: Option<Arc<dyn Locator>>,
     /// Set while the state has warm-up sources.
     warming: std::sync::atomic::AtomicBool,
     /// Set while the state has a migration.
@@ -152,7 +155,10 @@ impl Pool {
         };
         let mut members = Vec::new();
         for line in config.members() {
-            let address = address_of(line, &addresses, &config.name)?;
+            let address = match &speech.locator {
+                Some(locator) => locator.locate(line),
+                None => address_of(line, &addresses, &config.name)?,
+            };
             let server = Server::start(&workers, line.clone(), address, &backend, Some(on_failure.clone()));
             let ejected = (line.state != LineState::Active).then_some(Ejection::Admin);
             members.push(Member { line: line.clone(), server, ejected });
@@ -185,6 +191,7 @@ impl Pool {
             protocol: speech.protocol,
             probe: speech.probe,
             before_return: speech.before_return,
+            locator: speech.locator,
             warming: std::sync::atomic::AtomicBool::new(false),
             migrating: std::sync::atomic::AtomicBool::new(false),
             workers,
@@ -200,7 +207,10 @@ impl Pool {
     }
 
     fn start_server(&self, line: ServerLine) -> Result<Arc<Server>, PoolError> {
-        let address = address_of(&line, &self.addresses, &self.name)?;
+        let address = match &self.locator {
+            Some(locator) => locator.locate(&line),
+            None => address_of(&line, &self.addresses, &self.name)?,
+        };
         Ok(Server::start(&self.workers, line, address, &self.backend, Some(self.on_failure.clone())))
     }
 
@@ -299,6 +309,7 @@ impl Pool {
     /// Every counter of the pool and its servers, now.
     pub fn stats(&self) -> PoolSnapshot {
         let state = self.state();
+        let groups = self.locator.as_ref().map(|l| l.views()).unwrap_or_default();
         let per_worker = crate::stats::sum(self.counters.all().map(PoolCounters::values));
         let (served, presented) = self.tls.expiry();
         let expiry = [
@@ -353,6 +364,7 @@ impl Pool {
                     state: m.state(),
                     counters: m.server.counter_values(),
                     latency: m.server.latency(),
+                    group: groups.get(&m.line.id).cloned(),
                 })
                 .collect(),
         }
@@ -464,6 +476,10 @@ fn address_of(line: &ServerLine, addresses: &HashMap<String, Address>, pool: &st
 /// # Errors
 /// [`PoolError::BadAddress`] for the first that does not.
 pub fn check_servers(config: &PoolConfig) -> Result<(), PoolError> {
+    if config.sentinel.is_some() {
+        // Its lines name Sentinel groups, looked up when the pool starts.
+        return Ok(());
+    }
     for line in &config.servers {
         address_of(line, &HashMap::new(), &config.name)?;
     }

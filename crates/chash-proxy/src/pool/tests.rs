@@ -27,7 +27,7 @@ fn pool(extra: &str, n: usize) -> Arc<Pool> {
     }
     let addresses = (1..=9).map(|i| (format!("s{i}"), Address::Memory(format!("pool-unit-s{i}")))).collect();
     let config = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap();
-    let speech = Speech { protocol: "test", dialects: vec![None], probe: None, before_return: None };
+    let speech = Speech { protocol: "test", dialects: vec![None], probe: None, before_return: None, locator: None };
     Pool::start(config, addresses, Workers::current(), speech).unwrap()
 }
 

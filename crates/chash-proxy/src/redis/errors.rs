@@ -28,6 +28,15 @@ pub(super) fn forward_error(pool: &Pool, msg: String) -> Bytes {
     error(&msg)
 }
 
+/// The error for a request its server did not answer: `TRYAGAIN` when
+/// it may be sent again as is (a Sentinel group between primaries).
+pub(super) fn backend_error(pool: &Pool, server: &str, e: &crate::backend::BackendError) -> Bytes {
+    match e {
+        crate::backend::BackendError::Retry(why) => forward_error(pool, format!("TRYAGAIN {why}")),
+        e => forward_error(pool, format!("ERR backend {server} {e}")),
+    }
+}
+
 /// Redis's error for a command with the wrong number of arguments.
 pub(super) fn arity(name: &str) -> String {
     format!("ERR wrong number of arguments for '{}' command", name.to_ascii_lowercase())

@@ -33,6 +33,7 @@ mod migrate;
 pub(crate) mod protocol;
 mod pubsub;
 pub mod resp;
+pub(crate) mod sentinel;
 pub(crate) mod session;
 mod subscribed;
 mod transaction;

@@ -35,6 +35,8 @@ impl Protocol for Redis {
                 check: |r| if r.starts_with(b"+PONG") { Ok(()) } else { Err(String::from_utf8_lossy(r).into_owned()) },
             }),
             before_return: None,
+            locator: super::sentinel::Sentinels::of(config)
+                .map(|s| std::sync::Arc::new(s) as std::sync::Arc<dyn crate::backend::Locator>),
         }
     }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 
 use super::command::{keys_of, route, Gather, Route};
-use super::errors::{arity, err, forward_error};
+use super::errors::{arity, backend_error, err, forward_error};
 use super::resp::{array_items, error, integer, parse_request, Command, Request, RespLimits, Skip, STREAMED, WHOLE};
 use crate::backend::{BackendError, Pinned, Reply, Requester, Server};
 use crate::conn::{bytes_reply, ready_owned, Out, PendingReply, Session, Step};
@@ -328,7 +328,7 @@ impl RedisSession {
                         Out::Bytes(frame)
                     }
                     Ok(Reply::Stream(stream)) => Out::Stream(stream),
-                    Err(e) => Out::Bytes(forward_error(&pool, format!("ERR backend {} {e}", server.id()))),
+                    Err(e) => Out::Bytes(backend_error(&pool, server.id(), &e)),
                 }),
                 // Dropping the connection closes it: the server drops the
                 // blocked client with it.
@@ -360,7 +360,7 @@ impl RedisSession {
                 let frame = match server.finish(pending).await {
                     Ok(Reply::Whole(f)) => f,
                     Ok(Reply::Stream(_)) => return Some(error("ERR backend sent an unexpected reply")),
-                    Err(e) => return Some(forward_error(&pool, format!("ERR backend {} {e}", server.id()))),
+                    Err(e) => return Some(backend_error(&pool, server.id(), &e)),
                 };
                 if frame.starts_with(b"-") {
                     return Some(frame);
@@ -410,7 +410,7 @@ impl RedisSession {
                     pool.counters().streamed_replies.fetch_add(1, Relaxed);
                     Some(Out::Stream(stream))
                 }
-                Err(e) => Some(Out::Bytes(forward_error(&pool, format!("ERR backend {} {e}", server.id())))),
+                Err(e) => Some(Out::Bytes(backend_error(&pool, server.id(), &e))),
             }
         })
     }
@@ -472,7 +472,7 @@ impl RedisSession {
                             server.id()
                         )));
                     }
-                    Err(e) => return Some(forward_error(&pool, format!("ERR backend {} {e}", server.id()))),
+                    Err(e) => return Some(backend_error(&pool, server.id(), &e)),
                 };
                 if frame.starts_with(b"-") {
                     return Some(frame);

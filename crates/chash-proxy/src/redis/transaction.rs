@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::BytesMut;
 
 use super::command::{keys_of, route, Route};
-use super::errors::{arity, err, forward_error};
+use super::errors::{arity, backend_error, err, forward_error};
 use super::resp::{error, frames, Command, WHOLE, WHOLE_REPLY_LIMIT};
 use super::session::{RedisSession, Transaction, Watch};
 use crate::backend::{Reply, Server};
@@ -215,7 +215,7 @@ impl RedisSession {
                     Some(all.last().cloned().unwrap_or_else(|| error("ERR backend sent an unexpected reply")))
                 }
                 Ok(Reply::Stream(_)) => Some(error("ERR backend sent an unexpected reply")),
-                Err(e) => Some(forward_error(&pool, format!("ERR backend {} {e}", server.id()))),
+                Err(e) => Some(backend_error(&pool, server.id(), &e)),
             }
         })
     }

@@ -1,0 +1,392 @@
+//! Redis pools on Sentinel groups (issue 29), end to end: real
+//! redis-servers (2 groups, each a primary and 2 replicas), 3 real
+//! redis-sentinels, two `chash proxy` processes on one config, and 20
+//! client threads writing versioned values through them while a group
+//! fails over (`SENTINEL FAILOVER`, then a primary killed). Every process
+//! started here is killed when its handle drops. The tests take turns.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::cluster::*;
+use common::require;
+
+/// A redis-sentinel watching the groups it is given.
+struct Sentinel {
+    port: u16,
+    child: Child,
+}
+
+impl Sentinel {
+    fn start(dir: &TempDir, groups: &[(&str, &Redis)]) -> Sentinel {
+        let port = free_port();
+        let mut conf = format!("port {port}\nbind 127.0.0.1\ndaemonize no\nsentinel announce-ip 127.0.0.1\n");
+        for (name, primary) in groups {
+            conf.push_str(&format!(
+                "sentinel monitor {name} 127.0.0.1 {} 2\nsentinel down-after-milliseconds {name} 1000\n\
+                 sentinel failover-timeout {name} 10000\nsentinel parallel-syncs {name} 1\n",
+                primary.port
+            ));
+        }
+        let path = dir.path(&format!("sentinel-{port}.conf"));
+        std::fs::write(&path, conf).unwrap();
+        let child = Command::new(require("redis-sentinel", "redis-sentinel"))
+            .arg(&path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Sentinel { port, child };
+        eventually(10, "redis-sentinel listens", || TcpStream::connect(("127.0.0.1", port)).is_ok());
+        s
+    }
+
+    fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `SENTINEL MASTER NAME` as field → value.
+    fn master(&self, name: &str) -> HashMap<String, String> {
+        let mut c = Resp::connect(SocketAddr::from(([127, 0, 0, 1], self.port)));
+        let Reply::Array(items) = c.ask(&["SENTINEL", "MASTER", name]) else { panic!("SENTINEL MASTER") };
+        let strings: Vec<String> = items
+            .into_iter()
+            .map(|i| match i {
+                Reply::Bulk(s) => s,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        strings.chunks(2).map(|p| (p[0].clone(), p[1].clone())).collect()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One group: a primary and its two replicas.
+struct Group {
+    name: &'static str,
+    servers: Vec<Redis>,
+}
+
+impl Group {
+    fn start(name: &'static str) -> Group {
+        let primary = Redis::start();
+        let port = primary.port.to_string();
+        let mut servers = vec![primary];
+        for _ in 0..2 {
+            servers.push(Redis::start_with(&["--replicaof", "127.0.0.1", &port]));
+        }
+        Group { name, servers }
+    }
+
+    fn by_id(&self, id: &str) -> &Redis {
+        self.servers.iter().find(|r| r.id() == id).unwrap_or_else(|| panic!("{id} is not in group {}", self.name))
+    }
+}
+
+/// `ROLE` of a server: `master` or `slave`.
+fn role(r: &Redis) -> String {
+    let mut c = Resp::connect(SocketAddr::from(([127, 0, 0, 1], r.port)));
+    match c.ask(&["ROLE"]) {
+        Reply::Array(items) => match &items[0] {
+            Reply::Bulk(role) => role.clone(),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("ROLE: {other:?}"),
+    }
+}
+
+/// The whole set-up: groups, Sentinels that know each other and the
+/// replicas, and a config naming the groups.
+struct Fleet {
+    dir: TempDir,
+    groups: Vec<Group>,
+    sentinels: Vec<Sentinel>,
+}
+
+impl Fleet {
+    fn start(name: &str) -> Fleet {
+        let dir = TempDir::new(&format!("sentinel-{name}"));
+        let groups = vec![Group::start("g1"), Group::start("g2")];
+        let named: Vec<(&str, &Redis)> = groups.iter().map(|g| (g.name, &g.servers[0])).collect();
+        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(&dir, &named)).collect();
+        // A failover needs the replicas known and, when a primary dies,
+        // a quorum of Sentinels that know each other.
+        eventually(30, "every Sentinel knows 2 replicas and 2 other Sentinels per group", || {
+            sentinels.iter().all(|s| {
+                groups.iter().all(|g| {
+                    let m = s.master(g.name);
+                    m["num-slaves"] == "2" && m["num-other-sentinels"] == "2"
+                })
+            })
+        });
+        Fleet { dir, groups, sentinels }
+    }
+
+    fn config(&self, extra: &str) -> std::path::PathBuf {
+        let sentinels: Vec<String> = self.sentinels.iter().map(Sentinel::addr).collect();
+        let text = format!(
+            "cache:\n  listen: 127.0.0.1:22121\n  redis: true\n  distribution: ketama\n  timeout: 8000\n  \
+             sentinels: [{}]\n{extra}  servers:\n   - g1:1\n   - g2:1\n",
+            sentinels.join(", ")
+        );
+        let path = self.dir.path("sentinel.yml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn group(&self, name: &str) -> &Group {
+        self.groups.iter().find(|g| g.name == name).unwrap()
+    }
+
+    /// The group's primary, as the Sentinels agree on it.
+    fn primary(&self, name: &str) -> String {
+        let m = self.sentinels[0].master(name);
+        format!("{}:{}", m["ip"], m["port"])
+    }
+}
+
+/// The primary a proxy uses for a group (its `/stats`).
+fn proxy_primary(p: &Proxy, group: &str) -> Option<String> {
+    let pool = p.pool();
+    let server = pool["servers"].as_array()?.iter().find(|s| s["id"] == group)?.clone();
+    server["group"]["primary"].as_str().map(str::to_owned)
+}
+
+/// A write's outcome.
+#[derive(Clone, Copy)]
+struct Outcome {
+    at: Instant,
+    ok: bool,
+}
+
+/// What the writers did to one key: the last version acknowledged, the
+/// last one sent, and every write's outcome.
+#[derive(Default)]
+struct KeyLog {
+    acked: u64,
+    sent: u64,
+    outcomes: Vec<Outcome>,
+}
+
+/// 20 threads writing `KEY = VERSION` (versions rising per key, each
+/// thread its own keys) through the proxies, in turn, until stopped.
+struct Writers {
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    log: Arc<Mutex<HashMap<String, KeyLog>>>,
+}
+
+impl Writers {
+    fn start(proxies: &[&Proxy]) -> Writers {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log: Arc<Mutex<HashMap<String, KeyLog>>> = Arc::default();
+        let threads = (0..20)
+            .map(|t| {
+                let addr = proxies[t % proxies.len()].addr.clone();
+                let (stop, log) = (stop.clone(), log.clone());
+                std::thread::spawn(move || write_loop(t, &addr, &stop, &log))
+            })
+            .collect();
+        Writers { stop, threads, log }
+    }
+
+    fn finish(self) -> HashMap<String, KeyLog> {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads {
+            t.join().unwrap();
+        }
+        Arc::try_unwrap(self.log).ok().unwrap().into_inner().unwrap()
+    }
+}
+
+fn write_loop(t: usize, addr: &str, stop: &AtomicBool, log: &Mutex<HashMap<String, KeyLog>>) {
+    let keys: Vec<String> = (0..10).map(|k| format!("w{t}:k{k}")).collect();
+    let mut conn: Option<(TcpStream, BufReader<TcpStream>)> = None;
+    let mut version = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        version += 1;
+        for key in &keys {
+            if conn.is_none() {
+                let Ok(s) = TcpStream::connect(addr) else {
+                    std::thread::sleep(Duration::from_millis(10));
+                    continue;
+                };
+                s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+                conn = Some((s.try_clone().unwrap(), BufReader::new(s)));
+            }
+            let Some((w, r)) = conn.as_mut() else { continue };
+            let value = version.to_string();
+            log.lock().unwrap().entry(key.clone()).or_default().sent = version;
+            let cmd = format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n{value}\r\n", key.len(), value.len());
+            let mut line = String::new();
+            let ok = w.write_all(cmd.as_bytes()).is_ok() && r.read_line(&mut line).is_ok_and(|n| n > 0);
+            let acked = ok && line.starts_with("+OK");
+            if !ok {
+                conn = None;
+            }
+            let mut l = log.lock().unwrap();
+            let entry = l.get_mut(key).unwrap();
+            if acked {
+                entry.acked = version;
+            }
+            entry.outcomes.push(Outcome { at: Instant::now(), ok: acked });
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Which group each key is placed on (`chash route`).
+fn groups_of(config: &std::path::Path, keys: &[&String]) -> HashMap<String, String> {
+    let mut args = vec!["route".to_owned(), "-c".to_owned(), config.display().to_string()];
+    args.extend(keys.iter().map(|k| k.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    chash(&args).lines().filter_map(|l| l.split_once('\t')).map(|(k, g)| (k.to_owned(), g.to_owned())).collect()
+}
+
+/// Every key holds a version at least its last acknowledged one (and
+/// no more than the last sent), read from its group's primary.
+fn nothing_acknowledged_lost(fleet: &Fleet, config: &std::path::Path, log: &HashMap<String, KeyLog>) -> usize {
+    let keys: Vec<&String> = log.keys().collect();
+    let placed = groups_of(config, &keys);
+    let mut checked = 0;
+    for (key, l) in log {
+        let group = &placed[key];
+        let primary = fleet.group(group).by_id(&fleet.primary(group)).port;
+        let mut c = Resp::connect(SocketAddr::from(([127, 0, 0, 1], primary)));
+        let got = match c.ask(&["GET", key]) {
+            Reply::Bulk(v) => v.parse::<u64>().unwrap(),
+            Reply::Nil => 0,
+            other => panic!("{other:?}"),
+        };
+        assert!(
+            got >= l.acked && got <= l.sent,
+            "{key} on {group}: holds version {got}, the last acknowledged was {} (sent up to {})",
+            l.acked,
+            l.sent
+        );
+        checked += 1;
+    }
+    checked
+}
+
+/// The longest time without an acknowledged write among `group`'s keys
+/// after `after`, and when it ended.
+fn longest_gap(
+    log: &HashMap<String, KeyLog>,
+    placed: &HashMap<String, String>,
+    group: &str,
+    after: Instant,
+) -> (Duration, Instant) {
+    let mut acks: Vec<Instant> = log
+        .iter()
+        .filter(|(k, _)| placed[*k] == group)
+        .flat_map(|(_, l)| l.outcomes.iter().filter(|o| o.ok).map(|o| o.at))
+        .filter(|at| *at > after)
+        .collect();
+    acks.sort();
+    let longest = acks.windows(2).max_by_key(|w| w[1] - w[0]).expect("writes were acknowledged");
+    (longest[1] - longest[0], longest[1])
+}
+
+fn failures(log: &HashMap<String, KeyLog>, placed: &HashMap<String, String>, group: &str) -> usize {
+    log.iter().filter(|(k, _)| placed[*k] == group).map(|(_, l)| l.outcomes.iter().filter(|o| !o.ok).count()).sum()
+}
+
+/// Waits until both proxies use `primary` for `group`; when they first
+/// did.
+fn switched_to(proxies: &[&Proxy], group: &str, primary: &str) -> Instant {
+    eventually(30, &format!("every proxy uses {primary} for {group}"), || {
+        proxies.iter().all(|p| proxy_primary(p, group).as_deref() == Some(primary))
+    });
+    Instant::now()
+}
+
+#[test]
+fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
+    let _turn = serial();
+    let fleet = Fleet::start("failover");
+    let config = fleet.config("  sentinel_poll: 1000\n  failover_hold: 5000\n");
+    let a = Proxy::start(&config, &[]);
+    let b = Proxy::start(&config, &[]);
+    let proxies = [&a, &b];
+    for g in ["g1", "g2"] {
+        let primary = fleet.primary(g);
+        switched_to(&proxies, g, &primary);
+    }
+
+    // A manual failover of g1 while 20 clients write through both proxies.
+    let writers = Writers::start(&proxies);
+    std::thread::sleep(Duration::from_millis(500));
+    let old = fleet.primary("g1");
+    let mut s = Resp::connect(SocketAddr::from(([127, 0, 0, 1], fleet.sentinels[0].port)));
+    let started = Instant::now();
+    let _ = s.ask(&["SENTINEL", "FAILOVER", "g1"]);
+    eventually(30, "the Sentinels name g1's new primary", || fleet.primary("g1") != old);
+    let new = fleet.primary("g1");
+    let switched = switched_to(&proxies, "g1", &new);
+    std::thread::sleep(Duration::from_millis(1000));
+    let log = writers.finish();
+
+    let keys: Vec<&String> = log.keys().collect();
+    let placed = groups_of(&config, &keys);
+    assert!(placed.values().any(|g| g == "g1") && placed.values().any(|g| g == "g2"), "keys on both groups");
+    let checked = nothing_acknowledged_lost(&fleet, &config, &log);
+    assert_eq!(checked, 200);
+    // The other group never noticed.
+    assert_eq!(failures(&log, &placed, "g2"), 0, "no write to g2 failed during g1's failover");
+    let (gap, resumed) = longest_gap(&log, &placed, "g1", started);
+    eprintln!(
+        "SENTINEL FAILOVER: g1 {old} -> {new}; longest gap in acknowledged writes {gap:?}, ended at +{:?}; both \
+         proxies seen switched at +{:?}",
+        resumed - started,
+        switched - started
+    );
+    assert!(resumed < switched + Duration::from_secs(1), "writes resume within 1 s of the switch");
+    assert_eq!(role(fleet.group("g1").by_id(&new)), "master");
+    for p in proxies {
+        assert!(
+            p.pool()["servers"][0]["group"]["failovers"].as_u64().unwrap()
+                + p.pool()["servers"][1]["group"]["failovers"].as_u64().unwrap()
+                >= 1
+        );
+    }
+
+    // Now g2's primary dies: its Sentinels agree it is down and fail over.
+    let writers = Writers::start(&proxies);
+    std::thread::sleep(Duration::from_millis(500));
+    let old = fleet.primary("g2");
+    let started = Instant::now();
+    fleet.group("g2").by_id(&old).signal("-KILL");
+    eventually(40, "the Sentinels name g2's new primary", || fleet.primary("g2") != old);
+    let new = fleet.primary("g2");
+    let switched = switched_to(&proxies, "g2", &new);
+    std::thread::sleep(Duration::from_millis(1000));
+    let log = writers.finish();
+    let placed = groups_of(&config, &log.keys().collect::<Vec<_>>());
+    assert_eq!(nothing_acknowledged_lost(&fleet, &config, &log), 200);
+    assert_eq!(failures(&log, &placed, "g1"), 0, "no write to g1 failed while g2's primary was down");
+    let (gap, resumed) = longest_gap(&log, &placed, "g2", started);
+    eprintln!(
+        "primary killed: g2 {old} -> {new}; longest gap {gap:?}, ended at +{:?}; switched at +{:?}",
+        resumed - started,
+        switched - started
+    );
+    assert!(resumed < switched + Duration::from_secs(1), "writes resume within 1 s of the switch");
+    // The two proxies agree, and the placement did not change.
+    assert_eq!(a.pool()["placement_fingerprint"], b.pool()["placement_fingerprint"]);
+    assert_eq!(proxy_primary(&a, "g1"), proxy_primary(&b, "g1"));
+    assert_eq!(proxy_primary(&a, "g2"), proxy_primary(&b, "g2"));
+}

@@ -1,0 +1,195 @@
+//! Redis Sentinel: pools whose server lines name master groups
+//! (`sentinels:`). Placement is over the group names; each group is a
+//! server whose address moves ([`Moving`]): the watcher here finds its
+//! primary through the Sentinels (`SENTINEL MASTER`, the answer of the
+//! highest config epoch), checks it says `ROLE` master before any request
+//! goes to it, switches as soon as a Sentinel publishes a failover
+//! (`+try-failover`, `+odown`, ... hold the group's requests; `+switch-master`
+//! ends the hold), and polls every `sentinel_poll` besides.
+//!
+//! - here: [`Sentinels`] (a pool's groups and their state), the `ROLE`
+//!   check every connection to a primary runs;
+//! - `watch`: the task that asks the Sentinels and listens to their
+//!   events;
+//! - `client`: the small RESP connection it asks them with.
+
+mod client;
+mod watch;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use chash::{PoolConfig, SentinelSettings, ServerLine};
+use tokio::sync::Notify;
+
+use super::resp::WHOLE;
+use crate::backend::{Address, Moving, Setup, Target};
+use crate::stats::GroupView;
+
+/// A pool's Sentinel groups.
+pub(crate) struct Sentinels {
+    pool: String,
+    settings: SentinelSettings,
+    /// The proxy's login to the servers (for `ROLE` and `INFO`).
+    login: Option<(String, String)>,
+    /// Whether the servers speak TLS (the watcher's own checks are then
+    /// left to the connections').
+    server_tls: bool,
+    groups: Mutex<BTreeMap<String, Arc<Group>>>,
+    /// Wakes the watcher (an event, a new group).
+    wake: Arc<Notify>,
+    started: OnceLock<()>,
+}
+
+/// One master group.
+pub(crate) struct Group {
+    name: String,
+    target: tokio::sync::watch::Sender<Target>,
+    moving: Arc<Moving>,
+    /// Switches of primary seen.
+    failovers: AtomicU64,
+    /// The config epoch of the primary in use.
+    epoch: AtomicU64,
+}
+
+impl Group {
+    fn new(name: &str, settings: &SentinelSettings) -> Group {
+        let (target, rx) = tokio::sync::watch::channel(Target::default());
+        let moving = Arc::new(Moving {
+            name: name.to_owned(),
+            target: rx,
+            hold: settings.failover_hold,
+            verify: Some(role_check()),
+        });
+        Group { name: name.to_owned(), target, moving, failovers: AtomicU64::new(0), epoch: AtomicU64::new(0) }
+    }
+
+    /// Where it is now.
+    fn now(&self) -> Target {
+        self.target.borrow().clone()
+    }
+
+    /// Holds its requests (a failover has started).
+    fn hold(&self, why: &str) {
+        let changed = self.target.send_if_modified(|t| !std::mem::replace(&mut t.switching, true));
+        if changed {
+            tracing::warn!(group = %self.name, "failover under way ({why}): requests for the group wait for its new primary");
+        }
+    }
+
+    /// Its primary is `primary` (checked), `switching` or not.
+    fn settle(&self, primary: &str, epoch: u64, switching: bool) {
+        let before = self.now();
+        if before.primary.as_deref() == Some(primary) && before.switching == switching {
+            return;
+        }
+        let moved = before.primary.as_deref().is_some_and(|p| p != primary);
+        if moved {
+            self.failovers.fetch_add(1, Relaxed);
+            tracing::warn!(group = %self.name, "primary switched from {} to {primary} (config epoch {epoch})", before.primary.as_deref().unwrap_or("?"));
+        } else if before.primary.is_none() {
+            tracing::info!(group = %self.name, "primary is {primary} (config epoch {epoch})");
+        } else if !switching {
+            tracing::info!(group = %self.name, "failover over: requests go to {primary} again");
+        }
+        self.epoch.store(epoch, Relaxed);
+        self.target.send_replace(Target { primary: Some(primary.to_owned()), switching });
+    }
+
+    /// For `/stats`.
+    fn view(&self) -> GroupView {
+        let t = self.now();
+        GroupView {
+            primary: t.primary,
+            switching: t.switching,
+            failovers: self.failovers.load(Relaxed),
+            epoch: self.epoch.load(Relaxed),
+        }
+    }
+}
+
+/// What every connection to a group's primary runs after its set-up:
+/// `ROLE`, which must say `master` (a demoted primary gets nothing).
+fn role_check() -> Setup {
+    Setup { requests: vec![Bytes::from_static(b"*1\r\n$4\r\nROLE\r\n")], framing: WHOLE, check: is_master }
+}
+
+fn is_master(reply: &[u8]) -> Result<(), String> {
+    if reply.starts_with(b"*3\r\n$6\r\nmaster\r\n") {
+        Ok(())
+    } else {
+        let role = reply.split(|&b| b == b'\n').nth(2).map(|r| String::from_utf8_lossy(r).trim_end().to_owned());
+        Err(format!("ROLE says {}, not master: not the group's primary (any more)", role.unwrap_or_default()))
+    }
+}
+
+impl crate::backend::Locator for Arc<Sentinels> {
+    fn locate(&self, line: &ServerLine) -> Address {
+        Sentinels::locate(self, line)
+    }
+
+    fn views(&self) -> BTreeMap<String, GroupView> {
+        Sentinels::views(self)
+    }
+}
+
+impl Sentinels {
+    /// The Sentinels of a pool that has them.
+    pub(crate) fn of(config: &PoolConfig) -> Option<Arc<Sentinels>> {
+        let settings = config.sentinel.clone()?;
+        let login = super::access::server_login(config).map(|(u, p)| (u.to_owned(), p.to_owned()));
+        Some(Arc::new(Sentinels {
+            pool: config.name.clone(),
+            settings,
+            login,
+            server_tls: config.tls.server,
+            groups: Mutex::new(BTreeMap::new()),
+            wake: Arc::new(Notify::new()),
+            started: OnceLock::new(),
+        }))
+    }
+
+    /// Where a server line's group is reached (its [`Moving`] address),
+    /// made on first use; starts the watcher (inside a runtime).
+    pub(crate) fn locate(self: &Arc<Self>, line: &ServerLine) -> Address {
+        let group = {
+            let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+            groups.entry(line.id.clone()).or_insert_with(|| Arc::new(Group::new(&line.id, &self.settings))).clone()
+        };
+        self.started.get_or_init(|| watch::start(self));
+        self.wake.notify_one();
+        Address::Moving(group.moving.clone())
+    }
+
+    /// Every group's state, by name.
+    pub(crate) fn views(&self) -> BTreeMap<String, GroupView> {
+        self.groups().iter().map(|g| (g.name.clone(), g.view())).collect()
+    }
+
+    fn groups(&self) -> Vec<Arc<Group>> {
+        self.groups.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect()
+    }
+
+    fn login(&self) -> Option<(&str, &str)> {
+        self.login.as_ref().map(|(u, p)| (u.as_str(), p.as_str()))
+    }
+
+    fn sentinel_login(&self) -> Option<(&str, &str)> {
+        self.settings.password.as_deref().map(|p| ("default", p))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_master_passes_the_role_check() {
+        assert!(is_master(b"*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n").is_ok());
+        let replica =
+            is_master(b"*5\r\n$5\r\nslave\r\n$9\r\n127.0.0.1\r\n:7001\r\n$9\r\nconnected\r\n:42\r\n").unwrap_err();
+        assert!(replica.contains("slave"), "{replica}");
+    }
+}

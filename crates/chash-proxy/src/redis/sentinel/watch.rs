@@ -1,0 +1,243 @@
+//! The Sentinel watcher of a pool: one task asks every Sentinel about
+//! every group (`SENTINEL MASTER`) each `sentinel_poll`, and at once when
+//! woken; one task per Sentinel listens to its events (`PSUBSCRIBE *`).
+//! Both end when the pool is gone.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::client::{field, fields, strings, text, Conn};
+use super::{Group, Sentinels};
+use crate::redis::resp::array_items;
+
+/// How often the watcher asks again while a group is unsettled (failing
+/// over, or its new primary not yet `master`).
+const UNSETTLED_POLL: Duration = Duration::from_millis(50);
+
+/// How long an event listener waits before connecting again.
+const RECONNECT: Duration = Duration::from_secs(1);
+
+/// Events that mean a group's failover has started: its requests are held
+/// from then until the Sentinels name the primary after it.
+const STARTS: [&str; 9] = [
+    "+odown",
+    "+try-failover",
+    "+elected-leader",
+    "+failover-state-select-slave",
+    "+selected-slave",
+    "+failover-state-send-slaveof-noone",
+    "+failover-state-wait-promotion",
+    "+promoted-slave",
+    "+failover-state-reconf-slaves",
+];
+
+pub(super) fn start(s: &Arc<Sentinels>) {
+    let weak = Arc::downgrade(s);
+    tokio::spawn(poll(weak.clone()));
+    for addr in &s.settings.sentinels {
+        tokio::spawn(listen(weak.clone(), addr.clone()));
+    }
+}
+
+/// Asks the Sentinels about every group, again and again.
+async fn poll(weak: Weak<Sentinels>) {
+    let mut conns: Vec<Option<Conn>> = Vec::new();
+    loop {
+        let Some(s) = weak.upgrade() else { return };
+        conns.resize_with(s.settings.sentinels.len(), || None);
+        let mut unsettled = false;
+        for group in s.groups() {
+            unsettled |= refresh(&s, &group, &mut conns).await;
+        }
+        let (wake, pause) = (s.wake.clone(), if unsettled { UNSETTLED_POLL } else { s.settings.poll });
+        drop(s);
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = wake.notified() => {}
+        }
+    }
+}
+
+/// One Sentinel's account of a group's master.
+struct Answer {
+    primary: String,
+    epoch: u64,
+    failing_over: bool,
+}
+
+/// Asks `addr` (connecting first if need be); a failed connection is
+/// dropped, to be made again next time.
+async fn ask(s: &Sentinels, conn: &mut Option<Conn>, addr: &str, args: &[&[u8]]) -> Result<bytes::Bytes, String> {
+    if conn.is_none() {
+        *conn = Some(Conn::open(addr, s.sentinel_login()).await?);
+    }
+    let Some(c) = conn.as_mut() else { return Err("no connection".into()) };
+    let reply = c.ask(args).await;
+    if reply.is_err() {
+        *conn = None;
+    }
+    reply
+}
+
+/// Brings a group's target up to date with its Sentinels; whether it is
+/// still unsettled.
+async fn refresh(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> bool {
+    let mut answers = Vec::new();
+    for (addr, conn) in s.settings.sentinels.iter().zip(conns.iter_mut()) {
+        match ask(s, conn, addr, &[b"SENTINEL", b"MASTER", group.name.as_bytes()]).await {
+            Ok(reply) => match fields(&reply) {
+                Some(f) => {
+                    let (Some(ip), Some(port)) = (field(&f, "ip"), field(&f, "port")) else { continue };
+                    let flags = field(&f, "flags").unwrap_or_default();
+                    answers.push(Answer {
+                        primary: format!("{ip}:{port}"),
+                        epoch: field(&f, "config-epoch").and_then(|e| e.parse().ok()).unwrap_or(0),
+                        failing_over: flags.split(',').any(|f| f == "failover_in_progress" || f == "o_down"),
+                    });
+                }
+                None => tracing::warn!(pool = %s.pool, group = %group.name, "Sentinel {addr}: {}", text(&reply)),
+            },
+            Err(e) => tracing::debug!(pool = %s.pool, group = %group.name, "Sentinel {addr}: {e}"),
+        }
+    }
+    // The Sentinels that know the latest configuration decide; among
+    // them, the primary most name.
+    let Some(top) = answers.iter().map(|a| a.epoch).max() else {
+        return group.now().switching;
+    };
+    let latest: Vec<&Answer> = answers.iter().filter(|a| a.epoch == top).collect();
+    let mut named: Vec<(&str, usize)> = Vec::new();
+    for a in &latest {
+        match named.iter_mut().find(|(p, _)| *p == a.primary) {
+            Some((_, n)) => *n += 1,
+            None => named.push((&a.primary, 1)),
+        }
+    }
+    named.sort_by_key(|n| std::cmp::Reverse(n.1));
+    let mut primary = named[0].0.to_owned();
+    let mut failing_over = latest.iter().any(|a| a.failing_over);
+    if failing_over {
+        // A replica the failover has promoted is the primary to be: its
+        // writes are kept, so the group's requests need not wait for the
+        // Sentinels to finish reconfiguring the other replicas.
+        if let Some(promoted) = promoted(s, group, conns).await {
+            primary = promoted;
+            failing_over = false;
+        }
+    }
+    let primary = primary.as_str();
+    let now = group.now();
+    if now.primary.as_deref() != Some(primary) {
+        if let Err(why) = check_primary(s, primary).await {
+            group.hold(&format!("Sentinels name {primary}, but {why}"));
+            return true;
+        }
+    }
+    group.settle(primary, top, failing_over);
+    failing_over
+}
+
+/// The replica a Sentinel has promoted in the group's failover (flag
+/// `promoted`), if any.
+async fn promoted(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> Option<String> {
+    for (addr, conn) in s.settings.sentinels.iter().zip(conns.iter_mut()) {
+        let Ok(reply) = ask(s, conn, addr, &[b"SENTINEL", b"REPLICAS", group.name.as_bytes()]).await else { continue };
+        for replica in array_items(&reply).unwrap_or_default() {
+            let Some(f) = fields(&replica) else { continue };
+            let flags = field(&f, "flags").unwrap_or_default();
+            if flags.split(',').any(|f| f == "promoted") && !flags.split(',').any(|f| f == "s_down") {
+                if let (Some(ip), Some(port)) = (field(&f, "ip"), field(&f, "port")) {
+                    return Some(format!("{ip}:{port}"));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Whether `addr` says it is a master (`ROLE`), before anything is sent
+/// to it. With server TLS the check is left to the connections (each runs
+/// `ROLE` too).
+async fn check_primary(s: &Sentinels, addr: &str) -> Result<(), String> {
+    if s.server_tls {
+        return Ok(());
+    }
+    let mut conn = Conn::open(addr, s.login()).await?;
+    let reply = conn.ask(&[b"ROLE"]).await?;
+    super::is_master(&reply)
+}
+
+/// Listens to one Sentinel's events for as long as the pool lives.
+async fn listen(weak: Weak<Sentinels>, addr: String) {
+    loop {
+        let login = match weak.upgrade() {
+            Some(s) => s.settings.password.clone(),
+            None => return,
+        };
+        let opened = Conn::open(&addr, login.as_deref().map(|p| ("default", p))).await;
+        match opened {
+            Ok(mut conn) => match conn.send(&[b"PSUBSCRIBE", b"*"]).await {
+                Ok(()) => loop {
+                    let message = tokio::select! {
+                        m = conn.next() => m,
+                        // Checks now and then that the pool is still there.
+                        () = tokio::time::sleep(Duration::from_secs(5)) => {
+                            if weak.strong_count() == 0 { return }
+                            continue;
+                        }
+                    };
+                    let Ok(message) = message else { break };
+                    let Some(s) = weak.upgrade() else { return };
+                    event(&s, &message);
+                },
+                Err(e) => tracing::debug!("Sentinel {addr}: {e}"),
+            },
+            Err(e) => tracing::debug!("Sentinel {addr}: {e}"),
+        }
+        tokio::time::sleep(RECONNECT).await;
+    }
+}
+
+/// A message of a Sentinel's: `pmessage * CHANNEL PAYLOAD`.
+fn event(s: &Sentinels, message: &bytes::Bytes) {
+    let Some(parts) = strings(message) else { return };
+    let [kind, _, channel, payload] = parts.as_slice() else { return };
+    if kind != "pmessage" {
+        return;
+    }
+    let Some(name) = group_of(channel, payload) else { return };
+    let Some(group) = s.groups().into_iter().find(|g| g.name == name) else { return };
+    tracing::debug!(pool = %s.pool, group = %name, "Sentinel event {channel} {payload}");
+    if STARTS.contains(&channel.as_str()) && (channel != "+odown" || payload.starts_with("master ")) {
+        group.hold(channel);
+    }
+    s.wake.notify_one();
+}
+
+/// The master group an event is about: `+switch-master NAME ...`; an
+/// instance's events `master NAME IP PORT` or `TYPE ID IP PORT @ NAME IP
+/// PORT`.
+fn group_of<'a>(channel: &str, payload: &'a str) -> Option<&'a str> {
+    let words: Vec<&str> = payload.split(' ').collect();
+    if channel == "+switch-master" {
+        return words.first().copied();
+    }
+    if let Some(at) = words.iter().position(|w| *w == "@") {
+        return words.get(at + 1).copied();
+    }
+    (words.first() == Some(&"master")).then(|| words.get(1).copied()).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_name_their_group() {
+        assert_eq!(group_of("+switch-master", "g1 127.0.0.1 7001 127.0.0.1 7002"), Some("g1"));
+        assert_eq!(group_of("+try-failover", "master g2 127.0.0.1 7001"), Some("g2"));
+        assert_eq!(group_of("+selected-slave", "slave 127.0.0.1:7002 127.0.0.1 7002 @ g3 127.0.0.1 7001"), Some("g3"));
+        assert_eq!(group_of("+sdown", "sentinel abc 127.0.0.1 26380 @ g4 127.0.0.1 7001"), Some("g4"));
+        assert_eq!(group_of("+new-epoch", "12"), None);
+    }
+}
