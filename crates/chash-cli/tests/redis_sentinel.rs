@@ -390,3 +390,100 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
     assert_eq!(proxy_primary(&a, "g1"), proxy_primary(&b, "g1"));
     assert_eq!(proxy_primary(&a, "g2"), proxy_primary(&b, "g2"));
 }
+
+/// `GET` calls a server has run since its stats were reset
+/// (`INFO commandstats`).
+fn get_calls(r: &Redis) -> u64 {
+    let mut c = Resp::connect(SocketAddr::from(([127, 0, 0, 1], r.port)));
+    let Reply::Bulk(text) = c.ask(&["INFO", "commandstats"]) else { panic!("INFO") };
+    text.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_get:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+fn reset_stats(servers: &[&Redis]) {
+    for r in servers {
+        let mut c = Resp::connect(SocketAddr::from(([127, 0, 0, 1], r.port)));
+        let _ = c.ask(&["CONFIG", "RESETSTAT"]);
+    }
+}
+
+/// The replicas of `group` a proxy says may serve reads.
+fn usable_replicas(p: &Proxy, group: &str) -> Vec<String> {
+    let pool = p.pool();
+    let Some(server) = pool["servers"].as_array().and_then(|s| s.iter().find(|s| s["id"] == group).cloned()) else {
+        return Vec::new();
+    };
+    server["group"]["replicas"]
+        .as_array()
+        .map(|rs| {
+            rs.iter().filter(|r| r["usable"] == true).map(|r| r["address"].as_str().unwrap().to_owned()).collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn reads_go_to_linked_replicas_with_prefer_replica() {
+    let _turn = serial();
+    let fleet = Fleet::start("reads");
+    let config = fleet.config("  sentinel_poll: 200\n  read_policy: prefer-replica\n");
+    let proxy = Proxy::start(&config, &[]);
+    eventually(20, "the proxy finds 2 usable replicas per group", || {
+        ["g1", "g2"].iter().all(|g| usable_replicas(&proxy, g).len() == 2)
+    });
+    let addr: SocketAddr = proxy.addr.parse().unwrap();
+    let mut c = Resp::connect(addr);
+    for i in 0..100 {
+        let _ = c.ask(&["SET", &format!("r:{i}"), &i.to_string()]);
+    }
+    let everyone: Vec<&Redis> = fleet.groups.iter().flat_map(|g| g.servers.iter()).collect();
+    // Replication is asynchronous: a read right after a write may come from
+    // a replica that has not applied it yet. Wait for them to catch up.
+    let names: Vec<String> = (0..100).map(|i| format!("r:{i}")).collect();
+    let placed = groups_of(&config, &names.iter().collect::<Vec<_>>());
+    eventually(10, "the replicas have the keys", || {
+        names.iter().all(|k| {
+            fleet.group(&placed[k]).servers.iter().all(|r| {
+                let mut c = Resp::connect(SocketAddr::from(([127, 0, 0, 1], r.port)));
+                matches!(c.ask(&["GET", k]), Reply::Bulk(_))
+            })
+        })
+    });
+    reset_stats(&everyone);
+    for round in 0..5 {
+        for i in 0..100 {
+            match c.ask(&["GET", &format!("r:{i}")]) {
+                Reply::Bulk(v) => assert_eq!(v, i.to_string(), "round {round}"),
+                other => panic!("GET r:{i}: {other:?}"),
+            }
+        }
+    }
+    let primaries: u64 = fleet.groups.iter().map(|g| get_calls(g.by_id(&fleet.primary(g.name)))).sum();
+    let replicas: u64 = everyone.iter().map(|r| get_calls(r)).sum::<u64>() - primaries;
+    assert_eq!((primaries, replicas), (0, 500), "every read went to a replica");
+
+    // One replica of g1 loses its link to the primary: it gets no reads.
+    let g1 = fleet.group("g1");
+    let primary = fleet.primary("g1");
+    let cut = g1.servers.iter().find(|r| r.id() != primary).unwrap();
+    let other = g1.servers.iter().find(|r| r.id() != primary && r.id() != cut.id()).unwrap();
+    let mut admin = Resp::connect(SocketAddr::from(([127, 0, 0, 1], cut.port)));
+    let _ = admin.ask(&["REPLICAOF", "127.0.0.1", &free_port().to_string()]);
+    eventually(10, "the proxy stops reading from the cut replica", || usable_replicas(&proxy, "g1") == [other.id()]);
+    let why = proxy.pool()["servers"].as_array().unwrap().iter().find(|s| s["id"] == "g1").unwrap()["group"]
+        ["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["address"] == cut.id().as_str())
+        .unwrap()["why"]
+        .clone();
+    assert!(why.as_str().unwrap().contains("link to the primary is down"), "{why}");
+    reset_stats(&everyone);
+    for i in 0..100 {
+        let _ = c.ask(&["GET", &format!("r:{i}")]);
+    }
+    assert_eq!(get_calls(cut), 0, "the replica whose link is down got no reads");
+    assert!(get_calls(other) > 0, "its linked sibling did");
+    assert_eq!(get_calls(g1.by_id(&primary)), 0, "prefer-replica still has a replica: the primary got none");
+}

@@ -323,6 +323,14 @@ fn pool_json(p: &PoolSnapshot, counters: bool) -> Value {
                     "failing_over": g.switching,
                     "failovers": g.failovers,
                     "config_epoch": g.epoch,
+                    "replicas": g.replicas.iter().map(|r| json!({
+                        "address": r.address,
+                        "usable": r.usable,
+                        "why": r.why,
+                        "lag_seconds": r.lag,
+                        "reads": r.reads,
+                        "zone": r.zone,
+                    })).collect::<Vec<Value>>(),
                 });
             }
             if counters {
@@ -544,6 +552,33 @@ fn metrics(registry: &Registry) -> String {
                     let _ = writeln!(out, "{name}{{{}}} {}", labels(p, s), value(g));
                 }
             }
+        }
+        let replicas =
+            || servers().flat_map(|(p, s)| s.group.iter().flat_map(move |g| g.replicas.iter().map(move |r| (p, s, r))));
+        let _ = writeln!(
+            out,
+            "# HELP chash_server_group_replica_usable Sentinel groups: 1 when the replica may serve reads."
+        );
+        let _ = writeln!(out, "# TYPE chash_server_group_replica_usable gauge");
+        for (p, s, r) in replicas() {
+            let _ = writeln!(
+                out,
+                "chash_server_group_replica_usable{{{},replica=\"{}\"}} {}",
+                labels(p, s),
+                label(&r.address),
+                u64::from(r.usable)
+            );
+        }
+        let _ = writeln!(out, "# HELP chash_server_group_replica_reads_total Sentinel groups: reads the replica served through this proxy.");
+        let _ = writeln!(out, "# TYPE chash_server_group_replica_reads_total counter");
+        for (p, s, r) in replicas() {
+            let _ = writeln!(
+                out,
+                "chash_server_group_replica_reads_total{{{},replica=\"{}\"}} {}",
+                labels(p, s),
+                label(&r.address),
+                r.reads
+            );
         }
         let _ = writeln!(out, "# HELP chash_server_group_primary Sentinel groups: the primary in use (the label), 1.");
         let _ = writeln!(out, "# TYPE chash_server_group_primary gauge");

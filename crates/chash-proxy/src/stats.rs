@@ -471,6 +471,26 @@ pub struct GroupView {
     pub failovers: u64,
     /// The config epoch of its primary.
     pub epoch: u64,
+    /// Its replicas, as the Sentinels list them.
+    pub replicas: Vec<ReplicaView>,
+}
+
+/// A group's replica as `/stats` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaView {
+    /// `HOST:PORT`.
+    pub address: String,
+    /// Whether it gets reads now (with a read policy that reads replicas).
+    pub usable: bool,
+    /// Why not, when it does not.
+    pub why: Option<String>,
+    /// Seconds since it last acknowledged the primary's stream (Redis's
+    /// `lag`), when the primary lists it.
+    pub lag: Option<u64>,
+    /// Reads it has served through this proxy.
+    pub reads: u64,
+    /// Its zone (`server_zones`), when named.
+    pub zone: Option<String>,
 }
 
 impl PoolSnapshot {

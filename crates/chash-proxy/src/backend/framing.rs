@@ -138,8 +138,14 @@ pub(crate) struct Speech {
 /// (Redis Sentinel master groups).
 pub(crate) trait Locator: Send + Sync {
     /// Where a server line's server is reached (inside a runtime: it may
-    /// start the tasks that follow it).
-    fn locate(&self, line: &chash::ServerLine) -> super::Address;
+    /// start the tasks that follow it, and servers of its own on
+    /// `workers` with `settings`: a group's replicas).
+    fn locate(
+        &self,
+        line: &chash::ServerLine,
+        workers: &std::sync::Arc<crate::workers::Workers>,
+        settings: &super::BackendSettings,
+    ) -> super::Address;
 
     /// Each located server's state, by id.
     fn views(&self) -> std::collections::BTreeMap<String, crate::stats::GroupView>;

@@ -36,7 +36,7 @@ pub(crate) use connection::sleep_until_opt;
 pub(crate) use framing::{Chunk, Large, Locator, Reply, ReplyStream, Scan, Setup, Speech};
 pub use framing::{Frame, Framing};
 pub(crate) use health::{FailureHook, Health};
-pub(crate) use moving::{Moving, Target};
+pub(crate) use moving::{Moving, Standby, Target};
 pub(crate) use open::{BoxRead, BoxWrite};
 pub use request::Address;
 pub(crate) use request::{BackendError, BackendSettings, ReplyAccount, Requester};

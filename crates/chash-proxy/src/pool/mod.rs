@@ -156,7 +156,7 @@ impl Pool {
         let mut members = Vec::new();
         for line in config.members() {
             let address = match &speech.locator {
-                Some(locator) => locator.locate(line),
+                Some(locator) => locator.locate(line, &workers, &backend),
                 None => address_of(line, &addresses, &config.name)?,
             };
             let server = Server::start(&workers, line.clone(), address, &backend, Some(on_failure.clone()));
@@ -208,7 +208,7 @@ impl Pool {
 
     fn start_server(&self, line: ServerLine) -> Result<Arc<Server>, PoolError> {
         let address = match &self.locator {
-            Some(locator) => locator.locate(&line),
+            Some(locator) => locator.locate(&line, &self.workers, &self.backend),
             None => address_of(&line, &self.addresses, &self.name)?,
         };
         Ok(Server::start(&self.workers, line, address, &self.backend, Some(self.on_failure.clone())))

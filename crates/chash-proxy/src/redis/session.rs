@@ -36,6 +36,8 @@ pub(crate) struct RedisSession {
     pub(super) watch: Option<Watch>,
     /// Channels and patterns listened to (`SUBSCRIBE` ...).
     pub(super) sub: Option<super::pubsub::Subscribed>,
+    /// A Sentinel pool whose reads may go to replicas: its policy.
+    pub(super) reads: Option<chash::ReadPolicy>,
 }
 
 /// The server connection a client's `WATCH` went on: its `EXEC` goes on
@@ -84,6 +86,7 @@ impl RedisSession {
             max_bulk: shared.options.max_value(super::resp::DEFAULT_MAX_VALUE).max(512),
         };
         let authed = !super::access::needs_login(pool.spec());
+        let reads = pool.spec().sentinel.as_ref().map(|s| s.read_policy).filter(|p| *p != chash::ReadPolicy::Primary);
         RedisSession {
             pool,
             shared,
@@ -97,6 +100,7 @@ impl RedisSession {
             lib: [None, None],
             watch: None,
             sub: None,
+            reads,
         }
     }
 }
@@ -389,9 +393,15 @@ impl RedisSession {
     }
 
     async fn forward(&self, key: &[u8], cmd: Command) -> PendingReply {
-        let Some((server, load)) = self.pool.acquire(key) else {
+        let Some((mut server, load)) = self.pool.acquire(key) else {
             return ready_owned(forward_error(&self.pool, "ERR no live server in pool".into()));
         };
+        if let Some(policy) = self.reads.filter(|_| super::sentinel::reads::is_read(&cmd.args)) {
+            match super::sentinel::reads::read_server(&server, policy) {
+                Ok(s) => server = s,
+                Err(why) => return ready_owned(forward_error(&self.pool, format!("ERR {why}"))),
+            }
+        }
         let reply = self.send(server, cmd).await;
         Box::pin(async move {
             let r = reply.await;

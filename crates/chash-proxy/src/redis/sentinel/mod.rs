@@ -14,6 +14,7 @@
 //! - `client`: the small RESP connection it asks them with.
 
 mod client;
+pub(crate) mod reads;
 mod watch;
 
 use std::collections::BTreeMap;
@@ -25,8 +26,9 @@ use chash::{PoolConfig, SentinelSettings, ServerLine};
 use tokio::sync::Notify;
 
 use super::resp::WHOLE;
-use crate::backend::{Address, Moving, Setup, Target};
-use crate::stats::GroupView;
+use crate::backend::{Address, BackendSettings, Moving, Server, Setup, Standby, Target};
+use crate::stats::{GroupView, ReplicaView};
+use crate::workers::Workers;
 
 /// A pool's Sentinel groups.
 pub(crate) struct Sentinels {
@@ -41,6 +43,10 @@ pub(crate) struct Sentinels {
     /// Wakes the watcher (an event, a new group).
     wake: Arc<Notify>,
     started: OnceLock<()>,
+    /// What replicas' servers are started on (the pool's).
+    backend: OnceLock<(Arc<Workers>, BackendSettings)>,
+    /// The proxy's zone (`CHASH_ZONE`): reads prefer replicas in it.
+    zone: Option<String>,
 }
 
 /// One master group.
@@ -52,6 +58,15 @@ pub(crate) struct Group {
     failovers: AtomicU64,
     /// The config epoch of the primary in use.
     epoch: AtomicU64,
+    /// Its replicas by address, as last found.
+    replicas: Mutex<BTreeMap<String, Replica>>,
+}
+
+/// A replica of a group, as the watcher last found it.
+struct Replica {
+    /// Its server, when reads may go to replicas.
+    server: Option<Arc<Server>>,
+    view: ReplicaView,
 }
 
 impl Group {
@@ -62,8 +77,16 @@ impl Group {
             target: rx,
             hold: settings.failover_hold,
             verify: Some(role_check()),
+            standbys: Default::default(),
         });
-        Group { name: name.to_owned(), target, moving, failovers: AtomicU64::new(0), epoch: AtomicU64::new(0) }
+        Group {
+            name: name.to_owned(),
+            target,
+            moving,
+            failovers: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
+            replicas: Mutex::new(BTreeMap::new()),
+        }
     }
 
     /// Where it is now.
@@ -106,8 +129,51 @@ impl Group {
             switching: t.switching,
             failovers: self.failovers.load(Relaxed),
             epoch: self.epoch.load(Relaxed),
+            replicas: self
+                .lock_replicas()
+                .values()
+                .map(|r| {
+                    let mut v = r.view.clone();
+                    v.reads = r.server.as_ref().map_or(0, |s| requests(s));
+                    v
+                })
+                .collect(),
         }
     }
+
+    fn lock_replicas(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Replica>> {
+        self.replicas.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes the replicas found now: servers started for new ones (when
+    /// `backend` is given: reads may go to replicas), dropped for those
+    /// gone; the usable ones published for reads.
+    fn found(&self, found: Vec<ReplicaView>, backend: Option<&(Arc<Workers>, BackendSettings)>, zone: Option<&str>) {
+        let mut replicas = self.lock_replicas();
+        replicas.retain(|addr, _| found.iter().any(|f| f.address == *addr));
+        for view in found {
+            let server = replicas.remove(&view.address).and_then(|r| r.server).or_else(|| {
+                let (workers, settings) = backend?;
+                let line = ServerLine::new(&view.address, 1, None);
+                Some(Server::start(workers, line, Address::Tcp(view.address.clone()), settings, None))
+            });
+            replicas.insert(view.address.clone(), Replica { server, view });
+        }
+        let standbys: Vec<Standby> = replicas
+            .values()
+            .filter(|r| r.view.usable)
+            .filter_map(|r| {
+                let near = zone.is_some() && r.view.zone.as_deref() == zone;
+                Some(Standby { server: r.server.clone()?, near })
+            })
+            .collect();
+        self.moving.standbys.store(Arc::new(standbys));
+    }
+}
+
+/// Requests a server has been sent.
+fn requests(server: &Server) -> u64 {
+    server.counter_values().iter().find(|(d, _)| d.name == "requests").map_or(0, |(_, v)| *v)
 }
 
 /// What every connection to a group's primary runs after its set-up:
@@ -126,8 +192,8 @@ fn is_master(reply: &[u8]) -> Result<(), String> {
 }
 
 impl crate::backend::Locator for Arc<Sentinels> {
-    fn locate(&self, line: &ServerLine) -> Address {
-        Sentinels::locate(self, line)
+    fn locate(&self, line: &ServerLine, workers: &Arc<Workers>, settings: &BackendSettings) -> Address {
+        Sentinels::locate(self, line, workers, settings)
     }
 
     fn views(&self) -> BTreeMap<String, GroupView> {
@@ -148,12 +214,20 @@ impl Sentinels {
             groups: Mutex::new(BTreeMap::new()),
             wake: Arc::new(Notify::new()),
             started: OnceLock::new(),
+            backend: OnceLock::new(),
+            zone: std::env::var("CHASH_ZONE").ok().filter(|z| !z.is_empty()),
         }))
     }
 
     /// Where a server line's group is reached (its [`Moving`] address),
     /// made on first use; starts the watcher (inside a runtime).
-    pub(crate) fn locate(self: &Arc<Self>, line: &ServerLine) -> Address {
+    pub(crate) fn locate(
+        self: &Arc<Self>,
+        line: &ServerLine,
+        workers: &Arc<Workers>,
+        settings: &BackendSettings,
+    ) -> Address {
+        let _ = self.backend.set((workers.clone(), settings.clone()));
         let group = {
             let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
             groups.entry(line.id.clone()).or_insert_with(|| Arc::new(Group::new(&line.id, &self.settings))).clone()

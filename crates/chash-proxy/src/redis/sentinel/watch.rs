@@ -6,9 +6,10 @@
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use super::client::{field, fields, strings, text, Conn};
+use super::client::{field, fields, string, strings, text, Conn};
 use super::{Group, Sentinels};
 use crate::redis::resp::array_items;
+use crate::stats::ReplicaView;
 
 /// How often the watcher asks again while a group is unsettled (failing
 /// over, or its new primary not yet `master`).
@@ -134,7 +135,90 @@ async fn refresh(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> bo
         }
     }
     group.settle(primary, top, failing_over);
+    if !failing_over {
+        replicas(s, group, conns, primary).await;
+    }
     failing_over
+}
+
+/// Finds the group's replicas (the Sentinels' list) and which may serve
+/// reads: not down, linked to the primary (their `INFO`), listed by it
+/// and lagging no more than `replica_max_lag` (its `INFO`).
+async fn replicas(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>], primary: &str) {
+    let mut listed = None;
+    for (addr, conn) in s.settings.sentinels.iter().zip(conns.iter_mut()) {
+        let Ok(reply) = ask(s, conn, addr, &[b"SENTINEL", b"REPLICAS", group.name.as_bytes()]).await else { continue };
+        let Some(items) = array_items(&reply) else { continue };
+        let found: Vec<(String, String)> = items
+            .iter()
+            .filter_map(|r| fields(r))
+            .filter_map(|f| {
+                let addr = format!("{}:{}", field(&f, "ip")?, field(&f, "port")?);
+                Some((addr, field(&f, "flags").unwrap_or_default().to_owned()))
+            })
+            .collect();
+        listed = Some(found);
+        break;
+    }
+    let Some(listed) = listed else { return };
+    let lags = info(s, primary).await.map(|text| lags_of(&text)).unwrap_or_default();
+    let max = s.settings.replica_max_lag.as_secs();
+    let mut views = Vec::new();
+    for (addr, flags) in listed {
+        if addr == primary {
+            continue;
+        }
+        let down = flags.split(',').any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
+        let lag = lags.iter().find(|(a, _)| *a == addr).map(|(_, l)| *l);
+        let why = if down {
+            Some(format!("down (Sentinel flags {flags})"))
+        } else {
+            match info(s, &addr).await {
+                Err(e) => Some(e),
+                Ok(text) if !text.lines().any(|l| l.trim_end() == "master_link_status:up") => {
+                    Some("its link to the primary is down".to_owned())
+                }
+                Ok(_) => match lag {
+                    None => Some(format!("{primary} does not list it as an online replica")),
+                    Some(l) if l > max => Some(format!("lagging {l} s (replica_max_lag: {max})")),
+                    Some(_) => None,
+                },
+            }
+        };
+        views.push(ReplicaView {
+            usable: why.is_none(),
+            why,
+            lag,
+            reads: 0,
+            zone: s.settings.zones.get(&addr).cloned(),
+            address: addr,
+        });
+    }
+    let backend = (s.settings.read_policy != chash::ReadPolicy::Primary).then(|| s.backend.get()).flatten();
+    group.found(views, backend, s.zone.as_deref());
+}
+
+/// A server's `INFO replication`.
+async fn info(s: &Sentinels, addr: &str) -> Result<String, String> {
+    let mut conn = Conn::open(addr, s.login()).await?;
+    let reply = conn.ask(&[b"INFO", b"replication"]).await?;
+    string(&reply).ok_or_else(|| format!("{addr}: INFO: {}", text(&reply)))
+}
+
+/// A primary's online replicas and their lag, from its `INFO`
+/// (`slave0:ip=...,port=...,state=online,offset=...,lag=0`).
+fn lags_of(info: &str) -> Vec<(String, u64)> {
+    info.lines()
+        .filter(|l| l.starts_with("slave"))
+        .filter_map(|l| {
+            let (_, kv) = l.split_once(':')?;
+            let get = |k: &str| kv.split(',').find_map(|p| p.strip_prefix(k)?.strip_prefix('='));
+            if get("state")? != "online" {
+                return None;
+            }
+            Some((format!("{}:{}", get("ip")?, get("port")?), get("lag")?.trim_end().parse().ok()?))
+        })
+        .collect()
 }
 
 /// The replica a Sentinel has promoted in the group's failover (flag
@@ -231,6 +315,14 @@ fn group_of<'a>(channel: &str, payload: &'a str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_primarys_info_gives_its_online_replicas_lag() {
+        let info = "# Replication\r\nrole:master\r\nconnected_slaves:2\r\n\
+                    slave0:ip=127.0.0.1,port=7002,state=online,offset=99,lag=0\r\n\
+                    slave1:ip=127.0.0.1,port=7003,state=wait_bgsave,offset=0,lag=3\r\n";
+        assert_eq!(lags_of(info), vec![("127.0.0.1:7002".to_owned(), 0)]);
+    }
 
     #[test]
     fn events_name_their_group() {
