@@ -151,7 +151,7 @@ async fn replicas(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>], prim
         let Some(items) = array_items(&reply) else { continue };
         let found: Vec<(String, String)> = items
             .iter()
-            .filter_map(|r| fields(r))
+            .filter_map(fields)
             .filter_map(|f| {
                 let addr = format!("{}:{}", field(&f, "ip")?, field(&f, "port")?);
                 Some((addr, field(&f, "flags").unwrap_or_default().to_owned()))
