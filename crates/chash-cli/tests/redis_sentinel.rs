@@ -487,3 +487,36 @@ fn reads_go_to_linked_replicas_with_prefer_replica() {
     assert!(get_calls(other) > 0, "its linked sibling did");
     assert_eq!(get_calls(g1.by_id(&primary)), 0, "prefer-replica still has a replica: the primary got none");
 }
+
+#[test]
+fn a_group_without_a_known_primary_answers_tryagain_after_the_hold() {
+    let _turn = serial();
+    let dir = TempDir::new("sentinel-none");
+    // No Sentinel listens there: no group's primary is ever known.
+    let config = dir.path("none.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "cache:\n  listen: 127.0.0.1:22121\n  redis: true\n  sentinels: [127.0.0.1:{}]\n  failover_hold: 200\n  \
+             servers:\n   - g1:1\n   - g2:1\n",
+            free_port()
+        ),
+    )
+    .unwrap();
+    assert!(chash(&["proxy", "-t", "-c", &config.display().to_string()]).contains("ok"));
+    let proxy = Proxy::start(&config, &[]);
+    let s = TcpStream::connect(&proxy.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut w = s;
+    for _ in 0..2 {
+        let asked = Instant::now();
+        w.write_all(b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n").unwrap();
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert!(line.starts_with("-TRYAGAIN group g"), "{line}");
+        assert!(line.contains("no primary known yet"), "{line}");
+        assert!(asked.elapsed() >= Duration::from_millis(200), "held for failover_hold first");
+    }
+    assert_eq!(proxy_primary(&proxy, "g1"), None);
+}

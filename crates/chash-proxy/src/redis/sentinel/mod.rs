@@ -106,6 +106,8 @@ impl Group {
     fn settle(&self, primary: &str, epoch: u64, switching: bool) {
         let before = self.now();
         if before.primary.as_deref() == Some(primary) && before.switching == switching {
+            // The Sentinels' epoch catches up after a switch at the promotion.
+            self.epoch.store(epoch, Relaxed);
             return;
         }
         let moved = before.primary.as_deref().is_some_and(|p| p != primary);

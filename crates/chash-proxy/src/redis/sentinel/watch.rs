@@ -19,8 +19,10 @@ const UNSETTLED_POLL: Duration = Duration::from_millis(50);
 const RECONNECT: Duration = Duration::from_secs(1);
 
 /// Events that mean a group's failover has started: its requests are held
-/// from then until the Sentinels name the primary after it.
-const STARTS: [&str; 9] = [
+/// from then until the Sentinels name the primary after it (events after
+/// the promotion are not among them: by then the proxy may already use
+/// the promoted replica).
+const STARTS: [&str; 7] = [
     "+odown",
     "+try-failover",
     "+elected-leader",
@@ -28,8 +30,6 @@ const STARTS: [&str; 9] = [
     "+selected-slave",
     "+failover-state-send-slaveof-noone",
     "+failover-state-wait-promotion",
-    "+promoted-slave",
-    "+failover-state-reconf-slaves",
 ];
 
 pub(super) fn start(s: &Arc<Sentinels>) {
@@ -292,10 +292,27 @@ fn event(s: &Sentinels, message: &bytes::Bytes) {
     let Some(name) = group_of(channel, payload) else { return };
     let Some(group) = s.groups().into_iter().find(|g| g.name == name) else { return };
     tracing::debug!(pool = %s.pool, group = %name, "Sentinel event {channel} {payload}");
-    if STARTS.contains(&channel.as_str()) && (channel != "+odown" || payload.starts_with("master ")) {
+    // Only a failover away from the primary in use holds requests (a late
+    // event about the one before it does not).
+    let about = master_of(payload);
+    let current = group.now().primary;
+    let of_current = current.is_none() || about.is_some_and(|a| current.as_deref() == Some(a.as_str()));
+    if STARTS.contains(&channel.as_str()) && (channel != "+odown" || payload.starts_with("master ")) && of_current {
         group.hold(channel);
     }
     s.wake.notify_one();
+}
+
+/// The address of the master an instance's event is about: `master NAME
+/// IP PORT`, or `... @ NAME IP PORT`.
+fn master_of(payload: &str) -> Option<String> {
+    let words: Vec<&str> = payload.split(' ').collect();
+    let at = match words.iter().position(|w| *w == "@") {
+        Some(at) => at + 1,
+        None if words.first() == Some(&"master") => 1,
+        None => return None,
+    };
+    Some(format!("{}:{}", words.get(at + 1)?, words.get(at + 2)?))
 }
 
 /// The master group an event is about: `+switch-master NAME ...`; an
@@ -331,5 +348,11 @@ mod tests {
         assert_eq!(group_of("+selected-slave", "slave 127.0.0.1:7002 127.0.0.1 7002 @ g3 127.0.0.1 7001"), Some("g3"));
         assert_eq!(group_of("+sdown", "sentinel abc 127.0.0.1 26380 @ g4 127.0.0.1 7001"), Some("g4"));
         assert_eq!(group_of("+new-epoch", "12"), None);
+        assert_eq!(master_of("master g2 127.0.0.1 7001 #quorum 2/2").as_deref(), Some("127.0.0.1:7001"));
+        assert_eq!(
+            master_of("slave 127.0.0.1:7002 127.0.0.1 7002 @ g3 127.0.0.1 7001").as_deref(),
+            Some("127.0.0.1:7001")
+        );
+        assert_eq!(master_of("g1 127.0.0.1 7001 127.0.0.1 7002"), None);
     }
 }
