@@ -238,7 +238,7 @@ fn pool_reports(config: &Config) -> BTreeMap<String, PoolReport> {
         .filter_map(|(name, _)| {
             let pool = config.pool(Some(name)).ok()?;
             let fingerprint = pool.snapshot().map_or_else(|_| "random".to_owned(), |s| s.fingerprint());
-            Some((name.clone(), PoolReport { version: pool.version(), fingerprint }))
+            Some((name.clone(), PoolReport { version: pool.version(), fingerprint, ..PoolReport::default() }))
         })
         .collect()
 }
@@ -327,12 +327,28 @@ fn print_status(
         for (pool, want) in expected {
             match p.pools.get(pool) {
                 None => problems.push(format!("DISAGREE: {} does not serve pool {pool}", p.id)),
-                Some(have) if have != want => problems.push(format!(
+                Some(have) if !have.places_as(want) => problems.push(format!(
                     "DISAGREE: {} pool {pool}: version {} fingerprint {}, the stored config's {} {}",
                     p.id, have.version, have.fingerprint, want.version, want.fingerprint
                 )),
                 Some(_) => {}
             }
+        }
+    }
+    // Sentinel groups: every proxy should use the primary the others use.
+    let mut groups: BTreeMap<(&str, &str), Vec<(&str, &str)>> = BTreeMap::new();
+    for p in proxies {
+        for (pool, r) in &p.pools {
+            for (group, primary) in &r.primaries {
+                groups.entry((pool, group)).or_default().push((&p.id, primary));
+            }
+        }
+    }
+    for ((pool, group), seen) in &groups {
+        let named: Vec<String> = seen.iter().map(|(id, primary)| format!("{id}={}", or_unknown(primary))).collect();
+        writeln!(out, "group {pool}/{group}: primary {}", named.join(" "))?;
+        if seen.iter().any(|(_, primary)| *primary != seen[0].1 || primary.is_empty()) {
+            problems.push(format!("DISAGREE: pool {pool} group {group}: the proxies use {}", named.join(", ")));
         }
     }
     if proxies.is_empty() {
@@ -348,12 +364,22 @@ fn print_status(
     Ok(false)
 }
 
+/// A primary, or `?` while a proxy knows none.
+fn or_unknown(primary: &str) -> &str {
+    if primary.is_empty() {
+        "?"
+    } else {
+        primary
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn proxy(id: &str, revision: i64, fingerprint: &str) -> ProxyReport {
-        let pools = [("web".to_owned(), PoolReport { version: "v1".into(), fingerprint: fingerprint.into() })];
+        let report = PoolReport { version: "v1".into(), fingerprint: fingerprint.into(), ..PoolReport::default() };
+        let pools = [("web".to_owned(), report)];
         ProxyReport { id: id.into(), revision, pools: pools.into_iter().collect(), ..ProxyReport::default() }
     }
 
@@ -361,8 +387,12 @@ mod tests {
     fn status_agrees_only_when_every_proxy_runs_the_stored_placement() {
         let target: EtcdTarget = "etcd://127.0.0.1:2379/p".parse().unwrap();
         let stored = Stored { text: String::new(), revision: 5, read_at: 7 };
-        let expected: BTreeMap<String, PoolReport> =
-            [("web".to_owned(), PoolReport { version: "v1".into(), fingerprint: "f1".into() })].into_iter().collect();
+        let expected: BTreeMap<String, PoolReport> = [(
+            "web".to_owned(),
+            PoolReport { version: "v1".into(), fingerprint: "f1".into(), ..PoolReport::default() },
+        )]
+        .into_iter()
+        .collect();
         let status = |proxies: &[ProxyReport]| print_status(&target, &stored, &expected, proxies, 0.0).unwrap();
         assert!(status(&[proxy("a", 5, "f1"), proxy("b", 5, "f1")]));
         assert!(!status(&[proxy("a", 5, "f1"), proxy("b", 5, "f2")]), "a fingerprint differs");
@@ -371,5 +401,14 @@ mod tests {
         no_pool.pools.clear();
         assert!(!status(&[no_pool]), "a pool is missing");
         assert!(!status(&[]), "no proxy is registered");
+        // Sentinel groups: the proxies must use the same primary.
+        let with = |id: &str, primary: &str| {
+            let mut p = proxy(id, 5, "f1");
+            p.pools.get_mut("web").unwrap().primaries.insert("g1".into(), primary.into());
+            p
+        };
+        assert!(status(&[with("a", "10.0.0.1:6379"), with("b", "10.0.0.1:6379")]));
+        assert!(!status(&[with("a", "10.0.0.1:6379"), with("b", "10.0.0.2:6379")]), "primaries differ");
+        assert!(!status(&[with("a", "10.0.0.1:6379"), with("b", "")]), "a proxy knows no primary");
     }
 }

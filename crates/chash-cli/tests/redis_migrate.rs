@@ -325,68 +325,6 @@ fn http_to(p: &Proxy, method: &str, path: &str, body: &str) -> String {
     out
 }
 
-/// A single-member etcd on loopback ports, stopped when dropped.
-struct Etcd {
-    client: u16,
-    child: Child,
-}
-
-impl Etcd {
-    fn start(dir: &TempDir) -> Etcd {
-        for attempt in 0..3 {
-            let (client, peer) = (free_port(), free_port());
-            let data = dir.path(&format!("etcd-{attempt}"));
-            let client_url = format!("http://127.0.0.1:{client}");
-            let peer_url = format!("http://127.0.0.1:{peer}");
-            let mut child = Command::new(require("etcd", "etcd-server"))
-                .args(["--name", "m", "--data-dir"])
-                .arg(&data)
-                .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-                .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-                .args(["--initial-cluster", &format!("m={peer_url}")])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
-                let ready = Command::new(require("etcdctl", "etcd-client"))
-                    .env("ETCDCTL_API", "3")
-                    .args(["--endpoints", &format!("127.0.0.1:{client}"), "--command-timeout", "2s", "get", "/r"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status()
-                    .unwrap();
-                if ready.success() {
-                    return Etcd { client, child };
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        panic!("etcd did not start after 3 tries");
-    }
-
-    fn url(&self) -> String {
-        format!("etcd://127.0.0.1:{}/chash/migrate", self.client)
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `chash ARGS`: its exit success and what it printed.
-fn chash_status(args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_chash")).args(args).output().unwrap();
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
-}
-
 /// The stored config, written to `path` (for the placement checks).
 fn stored_to(url: &str, path: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_chash")).args(["config", "get", "--etcd", url]).output().unwrap();

@@ -314,13 +314,31 @@ fn switched_to(proxies: &[&Proxy], group: &str, primary: &str) -> Instant {
     Instant::now()
 }
 
+/// `chash fleet status` agrees, both proxies naming `primary` for `group`
+/// (their reports follow a switch within a second).
+fn fleet_status_names(url: &str, group: &str, primary: &str) {
+    let mut last = String::new();
+    eventually(10, &format!("chash fleet status shows both proxies on {primary} for {group}"), || {
+        let (ok, out) = chash_status(&["fleet", "status", "--etcd", url]);
+        let line = out.lines().find(|l| l.starts_with(&format!("group cache/{group}: primary"))).unwrap_or("");
+        let done = ok && line.matches(&format!("={primary}")).count() == 2;
+        last = out;
+        done
+    });
+    eprintln!("{last}");
+}
+
 #[test]
 fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
     let _turn = serial();
     let fleet = Fleet::start("failover");
     let config = fleet.config("  sentinel_poll: 1000\n  failover_hold: 5000\n");
-    let a = Proxy::start(&config, &[]);
-    let b = Proxy::start(&config, &[]);
+    // A fleet on etcd: `chash fleet status` compares the primaries.
+    let etcd = Etcd::start(&fleet.dir);
+    let url = etcd.url();
+    chash(&["config", "put", "--etcd", &url, config.to_str().unwrap()]);
+    let a = Proxy::on_etcd(&url, &[]);
+    let b = Proxy::on_etcd(&url, &[]);
     let proxies = [&a, &b];
     for g in ["g1", "g2"] {
         let primary = fleet.primary(g);
@@ -356,6 +374,7 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
     );
     assert!(resumed < switched + Duration::from_secs(1), "writes resume within 1 s of the switch");
     assert_eq!(role(fleet.group("g1").by_id(&new)), "master");
+    fleet_status_names(&url, "g1", &new);
     for p in proxies {
         assert!(
             p.pool()["servers"][0]["group"]["failovers"].as_u64().unwrap()
@@ -385,6 +404,7 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
         switched - started
     );
     assert!(resumed < switched + Duration::from_secs(1), "writes resume within 1 s of the switch");
+    fleet_status_names(&url, "g2", &new);
     // The two proxies agree, and the placement did not change.
     assert_eq!(a.pool()["placement_fingerprint"], b.pool()["placement_fingerprint"]);
     assert_eq!(proxy_primary(&a, "g1"), proxy_primary(&b, "g1"));
@@ -519,4 +539,38 @@ fn a_group_without_a_known_primary_answers_tryagain_after_the_hold() {
         assert!(asked.elapsed() >= Duration::from_millis(200), "held for failover_hold first");
     }
     assert_eq!(proxy_primary(&proxy, "g1"), None);
+}
+
+#[test]
+fn reads_prefer_the_replicas_of_the_proxys_zone() {
+    let _turn = serial();
+    let fleet = Fleet::start("zones");
+    // One replica of each group is in zone z1, the other in z2.
+    let near: Vec<&Redis> = fleet.groups.iter().map(|g| &g.servers[1]).collect();
+    let far: Vec<&Redis> = fleet.groups.iter().map(|g| &g.servers[2]).collect();
+    let zones: Vec<String> = near
+        .iter()
+        .map(|r| format!("\"{}\": z1", r.id()))
+        .chain(far.iter().map(|r| format!("\"{}\": z2", r.id())))
+        .collect();
+    let config = fleet.config(&format!(
+        "  sentinel_poll: 200\n  read_policy: prefer-replica\n  server_zones: {{{}}}\n",
+        zones.join(", ")
+    ));
+    // The proxy's zone comes from its environment.
+    std::env::set_var("CHASH_ZONE", "z1");
+    let proxy = Proxy::start(&config, &[]);
+    std::env::remove_var("CHASH_ZONE");
+    eventually(20, "the proxy finds 2 usable replicas per group", || {
+        ["g1", "g2"].iter().all(|g| usable_replicas(&proxy, g).len() == 2)
+    });
+    let mut c = Resp::connect(proxy.addr.parse().unwrap());
+    let everyone: Vec<&Redis> = fleet.groups.iter().flat_map(|g| g.servers.iter()).collect();
+    reset_stats(&everyone);
+    for i in 0..200 {
+        let _ = c.ask(&["GET", &format!("z:{i}")]);
+    }
+    let near_reads: u64 = near.iter().map(|r| get_calls(r)).sum();
+    let other_reads: u64 = everyone.iter().map(|r| get_calls(r)).sum::<u64>() - near_reads;
+    assert_eq!((near_reads, other_reads), (200, 0), "every read went to a replica in the proxy's zone");
 }

@@ -33,10 +33,10 @@ use chash::ServerLine;
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use connection::sleep_until_opt;
-pub(crate) use framing::{Chunk, Large, Locator, Reply, ReplyStream, Scan, Setup, Speech};
+pub(crate) use framing::{Chunk, Large, Reply, ReplyStream, Scan, Setup};
 pub use framing::{Frame, Framing};
 pub(crate) use health::{FailureHook, Health};
-pub(crate) use moving::{Moving, Standby, Target};
+pub(crate) use moving::{Moving, Target};
 pub(crate) use open::{BoxRead, BoxWrite};
 pub use request::Address;
 pub(crate) use request::{BackendError, BackendSettings, ReplyAccount, Requester};
@@ -93,6 +93,51 @@ const IDLE_PINNED: usize = 16;
 pub struct Pinned {
     tx: mpsc::Sender<Job>,
     dialect: usize,
+}
+
+/// What a pool's servers speak, as its protocol describes it: the
+/// protocol's name, each dialect's set-up (at least one), the probe a
+/// failed-over server must pass before it is taken back, and what it gets
+/// then.
+#[derive(Clone)]
+pub(crate) struct Speech {
+    /// `memcached`, `redis`.
+    pub protocol: &'static str,
+    /// What each dialect's connections run first (a request names its
+    /// dialect by index).
+    pub dialects: Vec<Option<Setup>>,
+    /// What a failed-over server is probed with (`None`: its connections'
+    /// state decides).
+    pub probe: Option<Setup>,
+    /// What it gets before it is taken back.
+    pub before_return: Option<Setup>,
+    /// Where servers are, when the protocol finds them (Redis Sentinel
+    /// groups) instead of their lines naming addresses.
+    pub locator: Option<Arc<dyn Locator>>,
+}
+
+/// Finds the servers of a pool whose lines name something to look up
+/// (Redis Sentinel master groups).
+pub(crate) trait Locator: Send + Sync {
+    /// Where a server line's server is reached (inside a runtime: it may
+    /// start the tasks that follow it, and servers of its own on
+    /// `workers` with `settings`: a group's replicas).
+    fn locate(&self, line: &ServerLine, workers: &Arc<Workers>, settings: &BackendSettings) -> Address;
+
+    /// Each located server's state, by id.
+    fn views(&self) -> std::collections::BTreeMap<String, crate::stats::GroupView>;
+
+    /// The replicas of the located server `id` that may serve reads now.
+    fn standbys(&self, id: &str) -> Arc<Vec<Standby>>;
+}
+
+/// A replica that may serve reads (of a Sentinel group).
+#[derive(Clone, Debug)]
+pub(crate) struct Standby {
+    /// Its server (connections of its own).
+    pub server: Arc<Server>,
+    /// Whether it is in the proxy's zone.
+    pub near: bool,
 }
 
 impl fmt::Debug for Server {

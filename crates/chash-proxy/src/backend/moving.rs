@@ -6,14 +6,11 @@
 //! requests answered with an error) as soon as it switches.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use tokio::sync::watch;
 
 use super::framing::Setup;
-use super::Server;
 
 /// Where a moving server is now, as its discoverer says.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -43,18 +40,6 @@ pub struct Moving {
     /// Commands every connection to it runs after its set-up, each reply
     /// checked (Redis: `ROLE` must say `master`).
     pub verify: Option<Setup>,
-    /// Its replicas that may serve reads now (linked to the primary, not
-    /// lagging), as its discoverer last found them.
-    pub standbys: ArcSwap<Vec<Standby>>,
-}
-
-/// A replica that may serve reads.
-#[derive(Clone, Debug)]
-pub struct Standby {
-    /// Its server (connections of its own).
-    pub server: Arc<Server>,
-    /// Whether it is in the proxy's zone.
-    pub near: bool,
 }
 
 impl fmt::Debug for Moving {

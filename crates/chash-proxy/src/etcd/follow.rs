@@ -148,6 +148,10 @@ async fn report_migrations(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut completed = registry.migrations_completed();
+    // Sentinel groups' primaries change without a config change: looked
+    // at every second, reported when they did.
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             changed = completed.changed() => {
@@ -155,6 +159,16 @@ async fn report_migrations(
                     return;
                 }
                 let _ = reports.send(report(&registry, &follow));
+            }
+            _ = tick.tick() => {
+                let now = report(&registry, &follow);
+                reports.send_if_modified(|old| {
+                    let moved = old.pools.iter().zip(now.pools.iter()).any(|(a, b)| a.1.primaries != b.1.primaries);
+                    if moved {
+                        *old = now;
+                    }
+                    moved
+                });
             }
             _ = stop.changed() => return,
         }
@@ -169,7 +183,12 @@ fn report(registry: &Registry, follow: &Follow) -> ProxyReport {
         .iter()
         .map(|p| {
             let s = p.stats();
-            (p.name().to_owned(), PoolReport { version: s.version, fingerprint: s.fingerprint })
+            let primaries = s
+                .servers
+                .iter()
+                .filter_map(|srv| Some((srv.id.clone(), srv.group.as_ref()?.primary.clone().unwrap_or_default())))
+                .collect();
+            (p.name().to_owned(), PoolReport { version: s.version, fingerprint: s.fingerprint, primaries })
         })
         .collect();
     ProxyReport {

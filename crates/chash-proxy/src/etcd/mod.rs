@@ -416,6 +416,18 @@ pub struct PoolReport {
     pub version: String,
     /// The pool's placement fingerprint.
     pub fingerprint: String,
+    /// Sentinel pools: each group's primary as this proxy uses it (empty
+    /// while unknown).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub primaries: BTreeMap<String, String>,
+}
+
+impl PoolReport {
+    /// Whether it places keys as `other` does (same membership version
+    /// and fingerprint; primaries aside).
+    pub fn places_as(&self, other: &PoolReport) -> bool {
+        self.version == other.version && self.fingerprint == other.fingerprint
+    }
 }
 
 /// What a proxy reports under `PREFIX/proxies/<id>`.

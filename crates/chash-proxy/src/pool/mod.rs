@@ -428,6 +428,11 @@ impl Pool {
         &self.tls
     }
 
+    /// What finds its servers, when its protocol looks them up.
+    pub(crate) fn locator(&self) -> Option<&Arc<dyn Locator>> {
+        self.locator.as_ref()
+    }
+
     /// The protocol its servers speak (`memcached`, `redis`).
     pub fn protocol(&self) -> &'static str {
         self.protocol

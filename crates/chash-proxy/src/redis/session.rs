@@ -397,7 +397,8 @@ impl RedisSession {
             return ready_owned(forward_error(&self.pool, "ERR no live server in pool".into()));
         };
         if let Some(policy) = self.reads.filter(|_| super::sentinel::reads::is_read(&cmd.args)) {
-            match super::sentinel::reads::read_server(&server, policy) {
+            let standbys = self.pool.locator().map(|l| l.standbys(server.id())).unwrap_or_default();
+            match super::sentinel::reads::read_server(&server, &standbys, policy) {
                 Ok(s) => server = s,
                 Err(why) => return ready_owned(forward_error(&self.pool, format!("ERR {why}"))),
             }

@@ -60,6 +60,8 @@ pub(crate) struct Group {
     epoch: AtomicU64,
     /// Its replicas by address, as last found.
     replicas: Mutex<BTreeMap<String, Replica>>,
+    /// Those that may serve reads now.
+    standbys: arc_swap::ArcSwap<Vec<Standby>>,
 }
 
 /// A replica of a group, as the watcher last found it.
@@ -77,7 +79,6 @@ impl Group {
             target: rx,
             hold: settings.failover_hold,
             verify: Some(role_check()),
-            standbys: Default::default(),
         });
         Group {
             name: name.to_owned(),
@@ -86,6 +87,7 @@ impl Group {
             failovers: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
             replicas: Mutex::new(BTreeMap::new()),
+            standbys: arc_swap::ArcSwap::default(),
         }
     }
 
@@ -169,7 +171,7 @@ impl Group {
                 Some(Standby { server: r.server.clone()?, near })
             })
             .collect();
-        self.moving.standbys.store(Arc::new(standbys));
+        self.standbys.store(Arc::new(standbys));
     }
 }
 
@@ -200,6 +202,11 @@ impl crate::backend::Locator for Arc<Sentinels> {
 
     fn views(&self) -> BTreeMap<String, GroupView> {
         Sentinels::views(self)
+    }
+
+    fn standbys(&self, id: &str) -> Arc<Vec<Standby>> {
+        let groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        groups.get(id).map(|g| g.standbys.load_full()).unwrap_or_default()
     }
 }
 

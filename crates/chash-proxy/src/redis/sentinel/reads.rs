@@ -28,9 +28,12 @@ static TURN: AtomicU64 = AtomicU64::new(0);
 ///
 /// # Errors
 /// `read_policy: replica` with no usable replica: the message says so.
-pub(crate) fn read_server(primary: &Arc<Server>, policy: ReadPolicy) -> Result<Arc<Server>, String> {
+pub(crate) fn read_server(
+    primary: &Arc<Server>,
+    standbys: &[Standby],
+    policy: ReadPolicy,
+) -> Result<Arc<Server>, String> {
     let Address::Moving(m) = primary.address() else { return Ok(primary.clone()) };
-    let standbys = m.standbys.load();
     // The proxy's zone first, when it has replicas there.
     let near: Vec<&Standby> = standbys.iter().filter(|s| s.near).collect();
     let pick: Vec<&Standby> = if near.is_empty() { standbys.iter().collect() } else { near };
