@@ -56,6 +56,8 @@ impl Drop for TempDir {
 pub struct Redis {
     pub port: u16,
     pub child: Child,
+    /// Its working directory, removed when dropped.
+    pub dir: PathBuf,
 }
 
 impl Redis {
@@ -66,8 +68,16 @@ impl Redis {
     pub fn start_with(extra: &[&str]) -> Redis {
         for _ in 0..5 {
             let port = free_port();
+            // A directory of its own: a replica writes the data it syncs
+            // (dump.rdb) there, and a server loads one from its directory
+            // at start; never the tests' working directory.
+            let dir = std::env::temp_dir().join(format!("chash-redis-{}-{port}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
             let mut child = Command::new(require("redis-server", "redis-server"))
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .arg("--dir")
+                .arg(&dir)
                 .args(extra)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -76,7 +86,7 @@ impl Redis {
             let deadline = Instant::now() + Duration::from_secs(5);
             while Instant::now() < deadline && child.try_wait().unwrap().is_none() {
                 if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                    return Redis { port, child };
+                    return Redis { port, child, dir };
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }
@@ -120,6 +130,7 @@ impl Drop for Redis {
         let _ = self.signal_quietly("-CONT");
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

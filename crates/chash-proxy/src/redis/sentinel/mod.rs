@@ -62,6 +62,9 @@ pub(crate) struct Group {
     replicas: Mutex<BTreeMap<String, Replica>>,
     /// Those that may serve reads now.
     standbys: arc_swap::ArcSwap<Vec<Standby>>,
+    /// Switched to a promoted replica before the Sentinels name it: the
+    /// config epoch they were at (`u64::MAX`: in step with them).
+    ahead: AtomicU64,
 }
 
 /// A replica of a group, as the watcher last found it.
@@ -88,12 +91,29 @@ impl Group {
             epoch: AtomicU64::new(0),
             replicas: Mutex::new(BTreeMap::new()),
             standbys: arc_swap::ArcSwap::default(),
+            ahead: AtomicU64::new(u64::MAX),
         }
     }
 
     /// Where it is now.
     fn now(&self) -> Target {
         self.target.borrow().clone()
+    }
+
+    /// Its primary is a promoted replica the Sentinels, at config epoch
+    /// `epoch`, do not name yet.
+    fn ahead_since(&self, epoch: u64) {
+        self.ahead.store(epoch, Relaxed);
+    }
+
+    /// The epoch it went ahead of the Sentinels at, if it is ahead.
+    fn ahead(&self) -> Option<u64> {
+        Some(self.ahead.load(Relaxed)).filter(|&e| e != u64::MAX)
+    }
+
+    /// The Sentinels name its primary again.
+    fn in_step(&self) {
+        self.ahead.store(u64::MAX, Relaxed);
     }
 
     /// Holds its requests (a failover has started).

@@ -117,6 +117,7 @@ async fn refresh(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> bo
     named.sort_by_key(|n| std::cmp::Reverse(n.1));
     let mut primary = named[0].0.to_owned();
     let mut failing_over = latest.iter().any(|a| a.failing_over);
+    let now = group.now();
     if failing_over {
         // A replica the failover has promoted is the primary to be: its
         // writes are kept, so the group's requests need not wait for the
@@ -124,10 +125,20 @@ async fn refresh(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> bo
         if let Some(promoted) = promoted(s, group, conns).await {
             primary = promoted;
             failing_over = false;
+            group.ahead_since(top);
+        }
+    } else if let Some(since) = group.ahead() {
+        // Ahead of the Sentinels (switched at the promotion): until they
+        // name the promoted primary, or a later configuration, what they
+        // say is the configuration before it; going back would send writes
+        // to the primary being demoted.
+        if now.primary.as_deref() == Some(primary.as_str()) || top > since {
+            group.in_step();
+        } else {
+            return true;
         }
     }
     let primary = primary.as_str();
-    let now = group.now();
     if now.primary.as_deref() != Some(primary) {
         if let Err(why) = check_primary(s, primary).await {
             group.hold(&format!("Sentinels name {primary}, but {why}"));
