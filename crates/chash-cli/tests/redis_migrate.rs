@@ -140,6 +140,15 @@ impl Work {
     }
 }
 
+impl Drop for Work {
+    /// A test that fails before `finish` does not leave its clients
+    /// writing to whatever takes their ports next.
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 fn zero(v: &Value, keys: &[&str]) {
     for k in keys {
         assert_eq!(v[k].as_u64(), Some(0), "{k} in {v}");
