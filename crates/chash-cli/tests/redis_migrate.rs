@@ -8,7 +8,7 @@
 mod common;
 
 use std::io::{BufRead, Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -60,12 +60,17 @@ fn migrate_through(config: &Path, proxies: &[&Proxy]) {
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     chash(&refs);
     all_reloaded(config, proxies);
-    eventually(180, "every proxy completes the migration", || {
-        proxies.iter().all(|p| {
-            let pool = p.pool();
-            pool.get("migration").is_none() && pool["migrations_completed"].as_u64() >= Some(1)
-        })
-    });
+    eventually_or(
+        180,
+        "every proxy completes the migration",
+        || {
+            proxies.iter().all(|p| {
+                let pool = p.pool();
+                pool.get("migration").is_none() && pool["migrations_completed"].as_u64() >= Some(1)
+            })
+        },
+        || describe(proxies),
+    );
     let mut finish = refs.clone();
     finish[1] = "finish";
     chash(&finish);
@@ -230,11 +235,16 @@ fn a_killed_proxy_and_a_paused_server_lose_nothing() {
     servers[0].signal("-STOP");
     std::thread::sleep(Duration::from_secs(2));
     servers[0].signal("-CONT");
-    eventually(180, "both proxies complete", || {
-        [&a, &b]
-            .iter()
-            .all(|p| p.pool().get("migration").is_none() && p.pool()["migrations_completed"].as_u64() >= Some(1))
-    });
+    eventually_or(
+        180,
+        "both proxies complete",
+        || {
+            [&a, &b]
+                .iter()
+                .all(|p| p.pool().get("migration").is_none() && p.pool()["migrations_completed"].as_u64() >= Some(1))
+        },
+        || describe(&[&a, &b]),
+    );
     chash(&["migrate", "finish", "-c", file, "-i", "--check", &a.admin, "--check", &b.admin]);
     let stats = work.finish();
     zero(&stats, &["older_reads", "wrong_loaded"]);
@@ -281,11 +291,27 @@ fn no_key_moves_before_every_proxy_is_armed() {
     let mut line = String::new();
     c.r.read_line(&mut line).unwrap();
     assert!(line.starts_with("-TRYAGAIN"), "{line}");
+    // A key on both its old server and its new one (written on the new one
+    // by hand): the new server's copy is kept, the old one deleted.
+    let pool = chash::config::Config::from_yaml(&text).unwrap().pool(None).unwrap();
+    let before = pool.migration_source().unwrap().unwrap().snapshot().unwrap();
+    let twice = (0..10_000)
+        .map(|i| format!("twice:{i}"))
+        .find(|k| snapshot.route(k.as_bytes()).map(str::to_owned) == Some(servers[3].id()))
+        .unwrap();
+    let old_owner = servers.iter().find(|s| before.route(twice.as_bytes()).map(str::to_owned) == Some(s.id())).unwrap();
+    Resp::connect(SocketAddr::from(([127, 0, 0, 1], old_owner.port))).ask(&["SET", &twice, "old"]);
+    Resp::connect(SocketAddr::from(([127, 0, 0, 1], servers[3].port))).ask(&["SET", &twice, "new"]);
     b.signal("-HUP");
     all_reloaded(&config, &[&a, &b]);
     migrate_through(&config, &[&a, &b]);
     let verified = python(&["verify", &a.addr, state.to_str().unwrap()]);
     zero(&verified, &["loaded_wrong", "ttl_off"]);
+    assert!(matches!(c.ask(&["GET", &twice]), Reply::Bulk(v) if v == "new"));
+    let said = |p: &Proxy| p.log.lock().unwrap().iter().any(|l| l.contains("the copy on its new server is kept"));
+    assert!(said(&a) || said(&b), "{}", describe(&[&a, &b]));
+    let s: Vec<&Redis> = servers.iter().collect();
+    every_key_on_its_owner(&config, &s, &[]);
     drop((a, b));
 
     // One proxy alone, through its admin endpoint, persisting.

@@ -312,12 +312,44 @@ pub fn chash_fails(args: &[&str]) -> String {
     text
 }
 
-pub fn eventually(secs: u64, what: &str, mut done: impl FnMut() -> bool) {
+pub fn eventually(secs: u64, what: &str, done: impl FnMut() -> bool) {
+    eventually_or(secs, what, done, String::new);
+}
+
+/// As [`eventually`]; on failure the panic also says what `state` says
+/// (the proxies' status and logs).
+pub fn eventually_or(secs: u64, what: &str, mut done: impl FnMut() -> bool, state: impl Fn() -> String) {
     let deadline = Instant::now() + Duration::from_secs(secs);
     while !done() {
-        assert!(Instant::now() < deadline, "not within {secs} s: {what}");
+        if Instant::now() >= deadline {
+            panic!("not within {secs} s: {what}\n{}", state());
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Each proxy's pool status (migration numbers) and the last lines of its
+/// log, for a failing test's message.
+pub fn describe(proxies: &[&Proxy]) -> String {
+    let mut out = String::new();
+    for p in proxies {
+        let pool = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.pool())).unwrap_or_default();
+        let status: serde_json::Map<String, Value> = pool
+            .as_object()
+            .map(|o| {
+                o.iter()
+                    .filter(|(k, _)| k.starts_with("migration") || k.as_str() == "membership_version")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push_str(&format!("proxy {} ({}): {}\n", p.addr, p.admin, Value::Object(status)));
+        let log = p.log.lock().unwrap();
+        for line in &log[log.len().saturating_sub(40)..] {
+            out.push_str(&format!("  | {line}\n"));
+        }
+    }
+    out
 }
 
 /// A single-member etcd on loopback ports, stopped when dropped.

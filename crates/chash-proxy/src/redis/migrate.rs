@@ -42,11 +42,17 @@ enum Outcome {
     Failed(String),
 }
 
+/// How `MIGRATE` says a key is on its target already (the target's
+/// `BUSYKEY`, as redis-server words it in `migrateCommand`).
+const TARGET_BUSY: &[u8] = b"-ERR Target instance replied with error: BUSYKEY";
+
 fn outcome(reply: Result<Reply, crate::backend::BackendError>) -> Outcome {
     match reply {
         Ok(Reply::Whole(f)) if f.starts_with(b"+OK") => Outcome::Moved,
         Ok(Reply::Whole(f)) if f.starts_with(b"+NOKEY") => Outcome::NoKey,
-        Ok(Reply::Whole(f)) if f.starts_with(b"-BUSYKEY") => Outcome::Busy,
+        // MIGRATE passes the target's refusal on inside its own error:
+        // "-ERR Target instance replied with error: BUSYKEY ...".
+        Ok(Reply::Whole(f)) if f.starts_with(b"-BUSYKEY") || f.starts_with(TARGET_BUSY) => Outcome::Busy,
         Ok(Reply::Whole(f)) => Outcome::Failed(String::from_utf8_lossy(f.strip_suffix(b"\r\n").unwrap_or(&f)).into()),
         Ok(Reply::Stream(_)) => Outcome::Failed("an unexpected reply".into()),
         Err(e) => Outcome::Failed(e.to_string()),
@@ -604,5 +610,30 @@ impl Blocking {
             return Err(line.trim_end().trim_start_matches('-').to_owned());
         }
         Ok(line)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn of(reply: &'static [u8]) -> Outcome {
+        outcome(Ok(Reply::Whole(Bytes::from_static(reply))))
+    }
+
+    #[test]
+    fn migrate_replies_are_read_as_redis_words_them() {
+        assert_eq!(of(b"+OK\r\n"), Outcome::Moved);
+        assert_eq!(of(b"+NOKEY\r\n"), Outcome::NoKey);
+        // A key on both servers (a MIGRATE whose source timed out after the
+        // target restored it): the refusal comes wrapped in MIGRATE's error.
+        assert_eq!(
+            of(b"-ERR Target instance replied with error: BUSYKEY Target key name already exists.\r\n"),
+            Outcome::Busy
+        );
+        assert_eq!(
+            of(b"-IOERR error or timeout reading to target instance\r\n"),
+            Outcome::Failed("-IOERR error or timeout reading to target instance".into())
+        );
     }
 }
