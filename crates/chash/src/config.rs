@@ -119,6 +119,10 @@ pub struct PoolFile {
     /// chash (proxy, Redis pools): membership changes move the data of
     /// the keys that change server (online, by `MIGRATE`); default false.
     pub migrate: Option<bool>,
+    /// chash (proxy, Redis pools): how moved keys' data moves: `migrate`
+    /// (server to server with `MIGRATE`; default) or `copy` (through the
+    /// proxy with `DUMP` and `RESTORE`, where `MIGRATE` is disabled).
+    pub migrate_method: Option<String>,
     /// chash (proxy, Redis pools): a migration in progress: the server
     /// lines before the change (written by `chash config add|remove|weight
     /// --migrate`, removed when it completes).
@@ -291,6 +295,7 @@ impl PoolFile {
         b = set(b, &self.failover, |b, v: String| b.failover(&v));
         b = set(b, &self.drain, |b, v| b.drain(v.into_iter().collect()));
         b = set(b, &self.migrate, PoolBuilder::migrate);
+        b = set(b, &self.migrate_method, |b, v: String| b.migrate_method(&v));
         b = set(b, &self.migrate_from, PoolBuilder::migrate_from);
         b = set(b, &self.migrate_state, |b, v: String| b.migrate_state(&v));
         let mut tls = crate::pool_config::PoolTls::default();

@@ -70,7 +70,8 @@ pub use membership::{Edit, LineOp};
 pub use node::{LineState, Node, ServerLine};
 pub use placement::{Placement, PointRing};
 pub use pool_config::{
-    Migration, MigrationState, PoolBuilder, PoolConfig, PoolTls, RedisAccess, RedisUser, ServerTls, DEFAULT_LISTEN,
+    MigrateMethod, Migration, MigrationState, PoolBuilder, PoolConfig, PoolTls, RedisAccess, RedisUser, ServerTls,
+    DEFAULT_LISTEN,
 };
 pub use ring::{LabelPart, PointLabel, Ring, RingBuilder, RingCandidates, DEFAULT_VNODES, MAX_POINTS};
 pub use sentinel_config::{

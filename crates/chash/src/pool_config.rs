@@ -103,6 +103,8 @@ pub struct PoolConfig {
     /// Membership changes move moved keys' data (`migrate`; Redis pools;
     /// default false).
     pub migrate: bool,
+    /// How moved keys' data moves (`migrate_method`; default `migrate`).
+    pub migrate_method: MigrateMethod,
     /// A migration in progress (`migrate_from`, `migrate_state`): the
     /// server lines before the change that started it.
     pub migration: Option<Migration>,
@@ -125,6 +127,40 @@ pub struct Migration {
     pub from: Vec<ServerLine>,
     /// Where the migration is (`migrate_state`).
     pub state: MigrationState,
+}
+
+/// How a Redis pool's migration moves a key's data (`migrate_method`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MigrateMethod {
+    /// Server to server with `MIGRATE` (atomic per key): the servers must
+    /// reach each other and allow it (`migrate`; the default).
+    #[default]
+    Migrate,
+    /// Through the proxy with `DUMP` and `RESTORE`, in scripts that make
+    /// each key's copy happen once (`copy`): for servers where `MIGRATE`
+    /// is disabled or that cannot reach each other.
+    Copy,
+}
+
+impl MigrateMethod {
+    /// Its name in the config file.
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrateMethod::Migrate => "migrate",
+            MigrateMethod::Copy => "copy",
+        }
+    }
+}
+
+impl std::str::FromStr for MigrateMethod {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<MigrateMethod> {
+        match s {
+            "migrate" => Ok(MigrateMethod::Migrate),
+            "copy" => Ok(MigrateMethod::Copy),
+            other => Err(Error::Config(format!("migrate_method: {other:?}: use migrate or copy"))),
+        }
+    }
 }
 
 /// Where a migration is.
@@ -525,6 +561,7 @@ pub struct PoolBuilder {
     failover: Option<String>,
     drain: Vec<(String, u64)>,
     migrate: Option<bool>,
+    migrate_method: Option<String>,
     migrate_from: Option<Vec<String>>,
     migrate_state: Option<String>,
     tls: PoolTls,
@@ -581,6 +618,7 @@ impl PoolBuilder {
             failover: None,
             drain: Vec::new(),
             migrate: None,
+            migrate_method: None,
             migrate_from: None,
             migrate_state: None,
             tls: PoolTls::default(),
@@ -736,6 +774,10 @@ impl PoolBuilder {
         migrate: bool
     );
     setter!(
+        /// `migrate_method`: `migrate` (the default) or `copy`.
+        migrate_method: &str
+    );
+    setter!(
         /// `migrate_state`: `armed` or `moving` (with `migrate_from`).
         migrate_state: &str
     );
@@ -824,6 +866,13 @@ impl PoolBuilder {
             (Some(_), None) => return Err(Error::Config("migrate_from needs migrate_state (armed or moving)".into())),
             (None, Some(_)) => return Err(Error::Config("migrate_state needs migrate_from".into())),
         };
+        let migrate_method: MigrateMethod = match &self.migrate_method {
+            Some(m) => m.parse()?,
+            None => MigrateMethod::default(),
+        };
+        if self.migrate_method.is_some() && self.redis != Some(true) {
+            return Err(Error::Config("migrate_method applies to Redis pools (redis is not true)".into()));
+        }
         if (self.migrate == Some(true) || migration.is_some()) && self.redis != Some(true) {
             return Err(Error::Config(
                 "migrate applies to Redis pools (redis is not true): a memcached pool warms up instead (warmup)".into(),
@@ -901,6 +950,7 @@ impl PoolBuilder {
             },
             drain: self.drain,
             migrate: self.migrate.unwrap_or(false),
+            migrate_method,
             migration,
             sentinel: self.sentinel.resolve(self.redis == Some(true))?,
             tls: self.tls,

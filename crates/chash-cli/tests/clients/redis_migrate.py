@@ -14,6 +14,14 @@
         Every key as STATE says: loaded keys as loaded (TTLs within a second),
         the clients' keys at their last acknowledged value (or one of the
         unknown outcomes after it).
+    redis_migrate.py strand OLD NEW SCRIPTS LEASE_MS SAVED KEY...
+        A copier (migrate_method: copy) that died mid-copy, straight on the
+        servers: the first three KEYs claimed on OLD and never restored, the
+        rest claimed and restored on NEW but never released. SCRIPTS: a JSON
+        file of the copy's scripts by name; SAVED gets what a late restore
+        needs.
+    redis_migrate.py late NEW SCRIPTS SAVED
+        That copier wakes up and restores again: prints the script's answer.
 
 Each mode prints one JSON object; verify exits 1 when anything is off.
 """
@@ -258,6 +266,45 @@ def verify(addr, state_path):
     sys.exit(1 if bad else 0)
 
 
+def raw(addr):
+    host, port = addr.rsplit(":", 1)
+    return redis.Redis(host=host, port=int(port), socket_timeout=10, retry=Retry(NoBackoff(), 0))
+
+
+def restore_args(token, deadline, dumps):
+    args = [token, str(deadline)]
+    for at, payload in dumps:
+        args += [str(at), payload]
+    return args
+
+
+def strand(old_addr, new_addr, scripts_path, lease_ms, saved_path, keys):
+    with open(scripts_path) as f:
+        scripts = json.load(f)
+    old, new = raw(old_addr), raw(new_addr)
+    unrestored, restored = keys[:3], keys[3:]
+    deadline, items = old.eval(scripts["claim"], len(unrestored), *unrestored, "dead-1", lease_ms)
+    claimed = sum(1 for i in items if isinstance(i, list) and len(i) == 2)
+    deadline, items = old.eval(scripts["claim"], len(restored), *restored, "dead-2", lease_ms)
+    dumps = [(i[1], i[0]) for i in items]
+    answer = new.eval(scripts["restore"], len(restored), *restored, *restore_args("dead-2", deadline, dumps))
+    with open(saved_path, "w") as f:
+        json.dump({"keys": restored, "deadline": deadline,
+                   "dumps": [[at, payload.hex()] for at, payload in dumps]}, f)
+    print(json.dumps({"claimed": claimed + len(dumps), "restored": str(answer)}))
+
+
+def late(new_addr, scripts_path, saved_path):
+    with open(scripts_path) as f:
+        scripts = json.load(f)
+    with open(saved_path) as f:
+        saved = json.load(f)
+    dumps = [(at, bytes.fromhex(payload)) for at, payload in saved["dumps"]]
+    answer = raw(new_addr).eval(scripts["restore"], len(saved["keys"]), *saved["keys"],
+                                *restore_args("dead-2", saved["deadline"], dumps))
+    print(json.dumps({"answer": answer.decode() if isinstance(answer, bytes) else str(answer)}))
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "load":
@@ -266,5 +313,9 @@ if __name__ == "__main__":
         work(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     elif mode == "verify":
         verify(sys.argv[2], sys.argv[3])
+    elif mode == "strand":
+        strand(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7:])
+    elif mode == "late":
+        late(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         sys.exit(f"unknown mode {mode}")

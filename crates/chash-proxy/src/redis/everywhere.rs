@@ -449,7 +449,8 @@ fn key_list(pool: &Pool, next: Option<u64>, lists: &[(Arc<Server>, Vec<Bytes>)])
     let mut n = 0usize;
     for (server, keys) in lists {
         for k in keys {
-            if text_of(k).is_some_and(|key| state.lists_key_on(key, server)) {
+            // A copying migration's bookkeeping (`chash-copy:`) is never listed.
+            if text_of(k).is_some_and(|key| state.lists_key_on(key, server) && !super::copy::is_internal(key)) {
                 body.extend_from_slice(k);
                 n += 1;
             }

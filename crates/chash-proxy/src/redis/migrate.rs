@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use chash::MigrationState;
+use chash::{MigrateMethod, MigrationState};
 use std::sync::atomic::Ordering::Relaxed;
 
+use super::copy;
 use super::errors::{err, forward_error};
 use super::resp::{array_items, encode_array, integer, WHOLE};
 use super::session::RedisSession;
@@ -138,6 +139,9 @@ async fn move_now(
     requester: &Requester,
 ) -> Result<bool, String> {
     let timeout = pool.spec().timeout.unwrap_or(Duration::from_secs(5));
+    if pool.spec().migrate_method == MigrateMethod::Copy {
+        return copy_now(pool, m, from, to, keys, requester, timeout).await;
+    }
     let data = migrate_command(pool, to, timeout, keys)?;
     let pending = from.submit(data, WHOLE, requester).await;
     match outcome(from.finish(pending).await) {
@@ -145,6 +149,47 @@ async fn move_now(
         Outcome::NoKey => Ok(false),
         Outcome::Busy => settle_busy(pool, m, from, to, keys, requester).await.map(|()| true),
         Outcome::Failed(e) => Err(e),
+    }
+}
+
+/// How long a copy's claims last (`migrate_method: copy`): time for the
+/// claim, the restore and the release, each answered within the pool's
+/// timeout (and `extra` for a large key).
+fn lease(pool: &Pool, extra: Duration) -> Duration {
+    pool.spec().timeout.unwrap_or(Duration::from_secs(5)) * 3 + Duration::from_secs(1) + extra
+}
+
+/// [`move_now`] by copying: claims held by another copy are waited for
+/// (polled) up to the pool's timeout.
+async fn copy_now(
+    pool: &Pool,
+    m: &Migration,
+    from: &Server,
+    to: &Server,
+    keys: &[Bytes],
+    requester: &Requester,
+    timeout: Duration,
+) -> Result<bool, String> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let src = copy::Link { server: from, pinned: None, requester, limit: timeout };
+    let dst = copy::Link { server: to, pinned: None, requester, limit: timeout };
+    let mut keys = keys.to_vec();
+    let mut moved = false;
+    loop {
+        let done = copy::copy_keys(&src, &dst, &keys, lease(pool, Duration::ZERO)).await?;
+        moved |= done.moved > 0;
+        m.progress.conflicts.fetch_add(done.conflicts, Relaxed);
+        if done.pending.is_empty() {
+            return Ok(moved);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(format!(
+                "{} key(s) being copied by another proxy (or a copy that stopped, resolved once its lease ends)",
+                done.pending.len()
+            ));
+        }
+        keys = done.pending;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
 
@@ -250,6 +295,9 @@ enum Stop {
     Replaced,
     /// The source could not be scanned or moved from: tried again later.
     Failed(String),
+    /// Copies of its keys are in progress (within their lease): tried
+    /// again later, not an error.
+    Pending(String),
 }
 
 /// Whether `m` is still the pool's migration.
@@ -320,6 +368,10 @@ async fn move_all(pool: Arc<Pool>, m: Arc<Migration>, settings: MoveSettings) {
             match pass(&pool, &m, source, settings, &mut throttle, &requester).await {
                 Ok(n) => found += n,
                 Err(Stop::Replaced) => return,
+                Err(Stop::Pending(e)) => {
+                    tracing::info!(pool = %pool.name(), source = %source.id(), "migration: {e}; trying again");
+                    failed = Some(e);
+                }
                 Err(Stop::Failed(e)) => {
                     m.progress.errors.fetch_add(1, Relaxed);
                     tracing::warn!(pool = %pool.name(), source = %source.id(), "migration: {e}; trying again");
@@ -379,6 +431,9 @@ async fn pass(
         {
             let state = pool.state();
             for key in keys {
+                if copy::is_internal(&key) {
+                    continue;
+                }
                 let Some(to) = state.server_for(&key) else { continue };
                 if Arc::ptr_eq(to, source) {
                     continue;
@@ -431,7 +486,42 @@ async fn pass(
         m.progress.moved_bytes.fetch_add(size, Relaxed);
         throttle.took(1, size).await;
     }
+    if pool.spec().migrate_method == MigrateMethod::Copy {
+        settle_claims(pool, m, source, &pinned, requester, limit).await?;
+    }
     Ok(found)
+}
+
+/// Copies (`migrate_method: copy`) whose claims are left on `source` (by
+/// a proxy that stopped mid-copy, or in progress elsewhere): resolved;
+/// a pass is not over while one is within its lease.
+async fn settle_claims(
+    pool: &Pool,
+    m: &Migration,
+    source: &Server,
+    pinned: &Pinned,
+    requester: &Requester,
+    limit: Duration,
+) -> Result<(), Stop> {
+    let src = copy::Link { server: source, pinned: Some(pinned), requester, limit };
+    let left = copy::claims(&src).await.map_err(|e| Stop::Failed(format!("claims left: {e}")))?;
+    if left.is_empty() {
+        return Ok(());
+    }
+    let mut waiting = 0;
+    for (key, claim) in left {
+        let Some(to) = pool.state().server_for(&key).cloned() else { continue };
+        let dst = copy::Link { server: &to, pinned: None, requester, limit };
+        let (moved, pending) = copy::resolve_left(&src, &dst, &[(key, claim)], lease(pool, Duration::ZERO))
+            .await
+            .map_err(|e| Stop::Failed(format!("a claim left: {e}")))?;
+        m.progress.moved.fetch_add(moved, Relaxed);
+        waiting += pending;
+    }
+    if waiting > 0 {
+        return Err(Stop::Pending(format!("{waiting} key(s) of {} held by copies within their lease", source.id())));
+    }
+    Ok(())
 }
 
 /// `MIGRATE ... KEYS` of a batch on the mover's connection.
@@ -446,6 +536,18 @@ async fn move_batch(
     requester: &Requester,
     limit: Duration,
 ) -> Result<(), Stop> {
+    if pool.spec().migrate_method == MigrateMethod::Copy {
+        let src = copy::Link { server: source, pinned: Some(pinned), requester, limit };
+        let dst = copy::Link { server: to, pinned: None, requester, limit };
+        let extra = limit.saturating_sub(pool.spec().timeout.unwrap_or(Duration::from_secs(5)));
+        let done = copy::copy_keys(&src, &dst, keys, lease(pool, extra))
+            .await
+            .map_err(|e| Stop::Failed(format!("copy to {}: {e}", to.id())))?;
+        m.progress.moved.fetch_add(done.moved, Relaxed);
+        m.progress.conflicts.fetch_add(done.conflicts, Relaxed);
+        // Keys held by another copy: resolved at the end of the pass.
+        return Ok(());
+    }
     let data = migrate_command(pool, to, limit, keys).map_err(Stop::Failed)?;
     let pending = source.submit_blocking(pinned, data, WHOLE, requester, Some(limit)).await;
     match outcome(source.finish(pending).await) {
@@ -520,6 +622,9 @@ pub(crate) fn check(before: &chash::PoolConfig, after: &chash::PoolConfig) -> Re
     }
     let ids = |c: &chash::PoolConfig| -> Vec<String> { c.members().map(|l| l.id.clone()).collect() };
     let (from, to) = (ids(before), ids(after));
+    if after.migrate_method == MigrateMethod::Copy {
+        return check_copy(after, from.iter().chain(to.iter().filter(|d| !from.contains(d))));
+    }
     let new: Vec<&String> = to.iter().filter(|d| !from.contains(d)).collect();
     let gone: Vec<&String> = from.iter().filter(|s| !to.contains(s)).collect();
     let mut pairs: Vec<(&String, &String)> = Vec::new();
@@ -543,12 +648,39 @@ pub(crate) fn check(before: &chash::PoolConfig, after: &chash::PoolConfig) -> Re
             format!(
                 "pool {}: MIGRATE from {s} to {d} fails ({e}): nothing was changed. The servers must reach each \
                  other at the addresses the proxy uses, and allow MIGRATE (some managed services rename or disable \
-                 it); without it, move the data first and change the membership without --migrate",
+                 it); without it, set migrate_method: copy in the pool (the proxy copies each key with DUMP and \
+                 RESTORE)",
                 after.name
             )
         })?;
     }
     Ok(())
+}
+
+/// Before a change that copies (`migrate_method: copy`): every server
+/// runs the scripts a copy needs (a probe key dumped, restored, deleted).
+fn check_copy<'a>(config: &chash::PoolConfig, servers: impl Iterator<Item = &'a String>) -> Result<(), String> {
+    let nonce = format!("chash:migrate:probe:{}:{}", std::process::id(), rand_suffix());
+    for id in servers {
+        let mut server = Blocking::connect(id, config).map_err(|e| refused_copy(config, id, &e))?;
+        server
+            .ask(&[b"EVAL", copy::PROBE.as_bytes(), b"1", nonce.as_bytes()])
+            .map_err(|e| refused_copy(config, id, &e))?;
+    }
+    Ok(())
+}
+
+fn refused_copy(config: &chash::PoolConfig, id: &str, e: &str) -> String {
+    format!(
+        "pool {}: server {id} cannot copy keys ({e}): nothing was changed. migrate_method: copy needs EVAL with DUMP, \
+         RESTORE ... ABSTTL, PEXPIRETIME and TIME (Redis 7.0 or later); without them, move the data first and \
+         change the membership without --migrate",
+        config.name
+    )
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
 
 /// One probe key moved from `s` to `d`.

@@ -25,6 +25,7 @@ mod answers;
 pub(crate) mod command;
 #[rustfmt::skip]
 pub(crate) mod commands;
+pub mod copy;
 mod errors;
 mod everywhere;
 pub(crate) mod handshake;
