@@ -246,6 +246,38 @@ impl Flow {
     }
 }
 
+/// A client connection's byte stream, taken apart into a read half and a
+/// write half that are used without a lock (the connection's reader and
+/// writer run in one task).
+pub(crate) trait Halves: Send + 'static {
+    /// The read half.
+    type Read: AsyncRead + Unpin + Send;
+    /// The write half.
+    type Write: AsyncWrite + Unpin + Send;
+    /// The two halves.
+    fn halves(self) -> (Self::Read, Self::Write);
+}
+
+/// The replies of a connection's requests, in request order, from its
+/// reader to its writer (one task: a lock that is never contended).
+struct Replies {
+    queue: std::sync::Mutex<std::collections::VecDeque<PendingReply>>,
+    /// The reader has ended: the writer ends once the queue is empty.
+    done: AtomicBool,
+}
+
+impl Replies {
+    fn push(&self, reply: PendingReply) {
+        if let Ok(mut q) = self.queue.lock() {
+            q.push_back(reply);
+        }
+    }
+
+    fn pop(&self) -> Option<PendingReply> {
+        self.queue.lock().ok()?.pop_front()
+    }
+}
+
 /// Serves one client connection until it closes, quits, idles out, or the
 /// proxy shuts down (requests in flight are answered first).
 pub(crate) async fn serve<T, S>(
@@ -253,18 +285,19 @@ pub(crate) async fn serve<T, S>(
     mut session: S,
     requester: Requester,
     settings: ConnSettings,
-    shutdown: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
     mut guard: ConnGuard,
 ) where
-    T: AsyncRead + AsyncWrite + Send + 'static,
+    T: Halves,
     S: Session,
 {
-    let (r, w) = tokio::io::split(stream);
+    let (r, w) = stream.halves();
     let flow = Flow::new(settings.budget);
     let account = requester.account.clone();
-    let (tx, rx) = mpsc::channel::<PendingReply>(MAX_PIPELINE);
+    let replies =
+        Replies { queue: std::sync::Mutex::new(std::collections::VecDeque::new()), done: AtomicBool::new(false) };
     let writer = async {
-        if let Err(e) = write_replies(w, rx, &flow, &account).await {
+        if let Err(e) = write_replies(w, &replies, &flow, &account).await {
             tracing::debug!("client connection closed: {e}");
         }
         // A reader waiting for room (a full window of requests whose
@@ -274,7 +307,17 @@ pub(crate) async fn serve<T, S>(
         flow.room.notify_waiters();
     };
     let reader = async {
-        let mut input = Input { r, shutdown, idle: settings.idle, closing: None };
+        // Made once and kept: waits registered for the life of the
+        // connection, not once per read. The shutdown's is polled once, to
+        // register this task (a send wakes it whether or not it is polled
+        // again); then a cheap look at the version tells.
+        let probe = shutdown.clone();
+        let stop = shutdown.changed();
+        tokio::pin!(stop);
+        let _ = std::future::poll_fn(|cx| Poll::Ready(stop.as_mut().poll(cx).is_ready())).await;
+        let overflow = account.overflowed();
+        tokio::pin!(overflow);
+        let mut input = Input { r, idle: settings.idle, closing: None, stop: probe };
         let mut buf = BytesMut::with_capacity(16 * 1024);
         let close = 'conn: loop {
             let read = tokio::select! {
@@ -282,7 +325,7 @@ pub(crate) async fn serve<T, S>(
                 read = input.read(&mut buf) => read,
                 // A client that holds too many unread replies (or pushed
                 // messages) is closed even while it sends nothing.
-                () = account.overflowed() => Read::End(Close::Overflow),
+                () = &mut overflow => Read::End(Close::Overflow),
             };
             match read {
                 Read::Data => {}
@@ -299,24 +342,46 @@ pub(crate) async fn serve<T, S>(
                     Step::Close { reply, error } => (reply, Some(if error { Close::Error } else { Close::Eof })),
                 };
                 if let Some(reply) = reply {
-                    flow.outstanding.fetch_add(1, Relaxed);
-                    if tx.send(reply).await.is_err() {
+                    if flow.closed.load(Relaxed) {
                         break 'conn Close::Error;
                     }
+                    flow.outstanding.fetch_add(1, Relaxed);
+                    replies.push(reply);
                 }
                 if let Some(close) = close {
                     break 'conn close;
                 }
             }
         };
-        drop(tx);
+        replies.done.store(true, Relaxed);
         // Replies that wait on the server for ever (a blocked BLPOP) are
         // given up, and their server connections closed, as Redis drops a
         // blocked client that closes.
         account.mark_gone();
         close
     };
-    let (close, ()) = tokio::join!(reader, writer);
+    // The reader first, then the writer, in every poll of the task: a reply
+    // queued by the reader is picked up by the writer in the same poll.
+    let close = {
+        tokio::pin!(reader);
+        tokio::pin!(writer);
+        let (mut close, mut written) = (None, false);
+        std::future::poll_fn(|cx| {
+            if close.is_none() {
+                if let Poll::Ready(c) = reader.as_mut().poll(cx) {
+                    close = Some(c);
+                }
+            }
+            if !written && writer.as_mut().poll(cx).is_ready() {
+                written = true;
+            }
+            match (close, written) {
+                (Some(c), true) => Poll::Ready(c),
+                _ => Poll::Pending,
+            }
+        })
+        .await
+    };
     let close = if account.is_overflowed() { Close::Overflow } else { close };
     tracing::debug!(client = requester.affinity, "client connection closed ({close:?})");
     guard.close = Some(close);
@@ -335,13 +400,20 @@ enum Read {
 /// [`SHUTDOWN_GRACE`].
 struct Input<R> {
     r: R,
-    shutdown: watch::Receiver<bool>,
     idle: Option<Duration>,
     closing: Option<tokio::time::Instant>,
+    /// Changes when the proxy shuts down (or its sender goes). The task is
+    /// woken then by a wait registered once (`serve`).
+    stop: watch::Receiver<bool>,
 }
 
 impl<R: AsyncRead + Unpin> Input<R> {
+    /// More bytes into `buf`.
     async fn read(&mut self, buf: &mut BytesMut) -> Read {
+        let stop = &self.stop;
+        let stopping =
+            std::future::poll_fn(|_| if stop.has_changed().unwrap_or(true) { Poll::Ready(()) } else { Poll::Pending });
+        tokio::pin!(stopping);
         loop {
             // Biased: bytes first, and the other branches are only polled
             // (their wakers registered) when there are none.
@@ -352,7 +424,7 @@ impl<R: AsyncRead + Unpin> Input<R> {
                     Ok(_) => Read::Data,
                     Err(_) => Read::End(Close::Error),
                 },
-                _ = self.shutdown.changed(), if self.closing.is_none() => {
+                () = &mut stopping, if self.closing.is_none() => {
                     self.closing = Some(tokio::time::Instant::now() + SHUTDOWN_GRACE);
                 }
                 _ = sleep_until_opt(self.closing) => return Read::End(Close::Proxy),
@@ -377,35 +449,59 @@ fn poll_now(f: &mut PendingReply) -> Poll<Option<Out>> {
 }
 
 /// Writes all of `buf`, unless the client overflows its reply account
-/// meanwhile (a client that does not read blocks the write forever).
+/// meanwhile (a client that does not read blocks the write forever). A
+/// write the socket takes at once is made without waiting on anything.
 async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, buf: &[u8], account: &ReplyAccount) -> std::io::Result<()> {
+    if buf.is_empty() {
+        return Ok(());
+    }
+    let mut written = 0;
+    // One try first: the socket has room almost always.
+    let first = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *w).poll_write(cx, buf))).await;
+    match first {
+        Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+        Poll::Ready(Ok(n)) => written = n,
+        Poll::Ready(Err(e)) => return Err(e),
+        Poll::Pending => {}
+    }
+    if written == buf.len() {
+        return Ok(());
+    }
     tokio::select! {
         biased;
-        r = w.write_all(buf) => r,
+        r = w.write_all(&buf[written..]) => r,
         _ = account.overflowed() => Err(std::io::Error::other("client holds too many unread replies")),
     }
 }
 
-/// Writes replies in order until the sender is dropped, then shuts the
-/// write side. Runs joined with the connection's reader, in the same task:
-/// a reply becoming ready wakes that task directly, with no hand-off.
+/// Writes replies in order until the reader has ended and every reply is
+/// written, then shuts the write side. Runs in the connection's task,
+/// polled right after its reader: a reply becoming ready wakes that task
+/// directly, with no hand-off. Replies ready together go out in one write.
 async fn write_replies<W: AsyncWrite + Unpin>(
     mut w: W,
-    mut rx: mpsc::Receiver<PendingReply>,
+    replies: &Replies,
     flow: &Flow,
     account: &ReplyAccount,
 ) -> std::io::Result<()> {
     let mut out = BytesMut::with_capacity(16 * 1024);
     loop {
-        let mut next = match rx.try_recv() {
-            Ok(p) => p,
-            Err(mpsc::error::TryRecvError::Disconnected) => break,
-            Err(mpsc::error::TryRecvError::Empty) => {
+        let mut next = match replies.pop() {
+            Some(p) => p,
+            None => {
                 if !out.is_empty() {
                     write_all(&mut w, &out, account).await?;
                     out.clear();
                 }
-                match rx.recv().await {
+                // Nothing queued: wait for the reader (polled before this
+                // in every poll of the task) to queue more, or to end.
+                let next = std::future::poll_fn(|_| match replies.pop() {
+                    Some(p) => Poll::Ready(Some(p)),
+                    None if replies.done.load(Relaxed) => Poll::Ready(None),
+                    None => Poll::Pending,
+                })
+                .await;
+                match next {
                     Some(p) => p,
                     None => break,
                 }
@@ -462,6 +558,85 @@ async fn write_replies<W: AsyncWrite + Unpin>(
 
 /// The size a streamed reply counts for in the average: large.
 const STREAMED_SIZE: usize = 1 << 20;
+
+impl Halves for ClientStream {
+    type Read = ClientRead;
+    type Write = ClientWrite;
+
+    fn halves(self) -> (ClientRead, ClientWrite) {
+        match self {
+            // Owned halves of a socket: no lock between them.
+            ClientStream::Plain(s) => {
+                let (r, w) = s.into_split();
+                (ClientRead::Plain(r), ClientWrite::Plain(w))
+            }
+            ClientStream::Tls(s) => {
+                let (r, w) = tokio::io::split(*s);
+                (ClientRead::Tls(r), ClientWrite::Tls(w))
+            }
+        }
+    }
+}
+
+/// In-process streams (the tests' clients).
+impl Halves for tokio::io::DuplexStream {
+    type Read = tokio::io::ReadHalf<tokio::io::DuplexStream>;
+    type Write = tokio::io::WriteHalf<tokio::io::DuplexStream>;
+
+    fn halves(self) -> (Self::Read, Self::Write) {
+        tokio::io::split(self)
+    }
+}
+
+type TlsServerStream = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+
+/// A client connection's read half.
+pub(crate) enum ClientRead {
+    Plain(tokio::net::tcp::OwnedReadHalf),
+    Tls(tokio::io::ReadHalf<TlsServerStream>),
+}
+
+/// A client connection's write half.
+pub(crate) enum ClientWrite {
+    Plain(tokio::net::tcp::OwnedWriteHalf),
+    Tls(tokio::io::WriteHalf<TlsServerStream>),
+}
+
+impl AsyncRead for ClientRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientRead::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            ClientRead::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for ClientWrite {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            ClientWrite::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientWrite::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientWrite::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientWrite::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            ClientWrite::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            ClientWrite::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
 
 /// A client connection's byte stream: plaintext TCP, or TLS over it.
 pub(crate) enum ClientStream {

@@ -100,13 +100,13 @@ impl Command {
     /// (no command has such a name).
     pub fn name_in<'b>(&self, buf: &'b mut [u8; 32]) -> &'b str {
         let raw = &self.args[0];
-        if raw.len() > buf.len() || !raw.is_ascii() {
+        let Some(out) = buf.get_mut(..raw.len()) else { return "" };
+        if !raw.is_ascii() {
             return "";
         }
-        for (d, s) in buf.iter_mut().zip(raw.iter()) {
-            *d = s.to_ascii_uppercase();
-        }
-        std::str::from_utf8(&buf[..raw.len()]).unwrap_or("")
+        out.copy_from_slice(raw);
+        out.make_ascii_uppercase();
+        std::str::from_utf8(out).unwrap_or("")
     }
 
     /// A command from its arguments.
@@ -225,12 +225,41 @@ impl Skip {
     }
 }
 
-fn line_end(buf: &[u8], from: usize) -> Option<usize> {
-    buf[from..].windows(2).position(|w| w == b"\r\n").map(|i| from + i)
+/// Where the first `\r\n` at or after `from` starts.
+fn line_end(buf: &[u8], mut from: usize) -> Option<usize> {
+    loop {
+        let cr = from + memchr::memchr(b'\r', buf.get(from..)?)?;
+        if buf.get(cr + 1) == Some(&b'\n') {
+            return Some(cr);
+        }
+        from = cr + 1;
+    }
 }
 
+/// A decimal integer as `str::parse::<i64>` reads it (an optional sign,
+/// then digits only), without a UTF-8 check: this runs several times per
+/// request.
 fn int(b: &[u8]) -> Option<i64> {
-    std::str::from_utf8(b).ok()?.parse().ok()
+    let (negative, digits) = match b.first()? {
+        b'-' => (true, &b[1..]),
+        b'+' => (false, &b[1..]),
+        _ => (false, b),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &d in digits {
+        if !d.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+    }
+    if negative {
+        (n <= 1 << 63).then(|| (n as i64).wrapping_neg())
+    } else {
+        i64::try_from(n).ok()
+    }
 }
 
 /// Whether a command name is one Redis refuses as an HTTP request's
@@ -300,8 +329,9 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
     // Walk the bulk strings without consuming until all are here.
     let mut pos = end + 2;
     // Room for what is announced only as it arrives: a header alone
-    // must not make the proxy allocate for a million arguments.
-    let mut spans = Vec::with_capacity((n as usize).min(1024));
+    // must not make the proxy allocate for a million arguments. Most
+    // commands have a few arguments: their spans stay on the stack.
+    let mut spans = Spans::new((n as usize).min(1024));
     for i in 0..n as usize {
         if pos >= buf.len() {
             return Some(Request::Incomplete);
@@ -338,8 +368,49 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         pos = start + len + 2;
     }
     let frame = buf.split_to(pos).freeze();
-    let args = spans.into_iter().map(|(s, l)| frame.slice(s..s + l)).collect();
+    let args = spans.as_slice().iter().map(|&(s, l)| frame.slice(s..s + l)).collect();
     Some(Request::Command(Command { args, raw: Some(frame) }))
+}
+
+/// Where a command's arguments are in its frame: on the stack for up to
+/// [`Spans::INLINE`] arguments, else in a vector.
+enum Spans {
+    Inline([(usize, usize); Spans::INLINE], usize),
+    Heap(Vec<(usize, usize)>),
+}
+
+impl Spans {
+    const INLINE: usize = 8;
+
+    fn new(n: usize) -> Spans {
+        if n <= Spans::INLINE {
+            Spans::Inline([(0, 0); Spans::INLINE], 0)
+        } else {
+            Spans::Heap(Vec::with_capacity(n))
+        }
+    }
+
+    fn push(&mut self, span: (usize, usize)) {
+        match self {
+            Spans::Inline(a, len) if *len < Spans::INLINE => {
+                a[*len] = span;
+                *len += 1;
+            }
+            Spans::Inline(a, len) => {
+                let mut v = a[..*len].to_vec();
+                v.push(span);
+                *self = Spans::Heap(v);
+            }
+            Spans::Heap(v) => v.push(span),
+        }
+    }
+
+    fn as_slice(&self) -> &[(usize, usize)] {
+        match self {
+            Spans::Inline(a, len) => &a[..*len],
+            Spans::Heap(v) => v,
+        }
+    }
 }
 
 /// End (exclusive) of the frame starting at `pos`, if complete.
@@ -569,6 +640,50 @@ mod tests {
 
     fn req(input: &[u8]) -> Request {
         parse_request(&mut BytesMut::from(input), RespLimits::default())
+    }
+
+    /// The naive twins of the hand-written scanners.
+    fn naive_int(b: &[u8]) -> Option<i64> {
+        std::str::from_utf8(b).ok()?.parse().ok()
+    }
+
+    fn naive_line_end(buf: &[u8], from: usize) -> Option<usize> {
+        buf[from..].windows(2).position(|w| w == b"\r\n").map(|i| from + i)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn int_reads_what_str_parse_reads(s in "[-+]?[0-9]{0,21}|[-+0-9a\\r\\n ]{0,6}", n: i64) {
+            proptest::prop_assert_eq!(int(s.as_bytes()), naive_int(s.as_bytes()));
+            let text = n.to_string();
+            proptest::prop_assert_eq!(int(text.as_bytes()), Some(n));
+        }
+
+        #[test]
+        fn line_end_finds_what_a_window_scan_finds(buf in proptest::collection::vec(proptest::sample::select(vec![b'\r', b'\n', b'a']), 0..24), from in 0usize..24) {
+            let from = from.min(buf.len());
+            proptest::prop_assert_eq!(line_end(&buf, from), naive_line_end(&buf, from));
+        }
+    }
+
+    #[test]
+    fn int_at_the_edges() {
+        for s in [
+            "9223372036854775807",
+            "-9223372036854775808",
+            "9223372036854775808",
+            "-9223372036854775809",
+            "+1",
+            "-0",
+            "",
+            "-",
+            "+",
+            "1 ",
+            " 1",
+            "00012",
+        ] {
+            assert_eq!(int(s.as_bytes()), naive_int(s.as_bytes()), "{s:?}");
+        }
     }
 
     /// The scanner finds the same frame end as the whole-frame parser, fed

@@ -139,8 +139,8 @@ impl Session for RedisSession {
                     let name = name.to_owned();
                     return self.pubsub_step(&name, cmd).await;
                 }
-                let quit = cmd.args[0].eq_ignore_ascii_case(b"QUIT");
-                let reply = self.dispatch(cmd).await;
+                let quit = name == "QUIT";
+                let reply = self.dispatch_named(name, cmd).await;
                 if quit {
                     Step::Close { reply: Some(reply), error: false }
                 } else {
@@ -214,9 +214,15 @@ impl RedisSession {
 
 impl RedisSession {
     pub(super) async fn dispatch(&mut self, cmd: Command) -> PendingReply {
-        let pool = &self.pool;
         let mut name_buf = [0u8; 32];
-        let name: &str = cmd.name_in(&mut name_buf);
+        let name = cmd.name_in(&mut name_buf).to_owned();
+        self.dispatch_named(&name, cmd).await
+    }
+
+    /// [`RedisSession::dispatch`] of a command whose name (in capitals,
+    /// `Command::name_in`) is known.
+    async fn dispatch_named(&mut self, name: &str, cmd: Command) -> PendingReply {
+        let pool = &self.pool;
         if !self.authed && !matches!(name, "AUTH" | "HELLO" | "QUIT") {
             return err(pool, "NOAUTH Authentication required.".into());
         }
@@ -404,11 +410,15 @@ impl RedisSession {
             }
         }
         let reply = self.send(server, cmd).await;
-        Box::pin(async move {
-            let r = reply.await;
-            drop(load);
-            r
-        })
+        match load {
+            // Bounded loads: the server's load is held until the reply.
+            Some(load) => Box::pin(async move {
+                let r = reply.await;
+                drop(load);
+                r
+            }),
+            None => reply,
+        }
     }
 
     async fn send(&self, server: Arc<Server>, cmd: Command) -> PendingReply {
