@@ -97,6 +97,26 @@ pub struct Migration {
     moving: Notify,
     /// What the mover did so far (kept across reloads of the same migration).
     pub progress: Arc<Progress>,
+    /// Keys this proxy knows are not on their old server any more.
+    moved: std::sync::Mutex<Moved>,
+}
+
+/// Keys known to be off their old server (moved, or found absent there),
+/// up to [`Moved::LIMIT`] bytes of keys: commands on them go straight to
+/// their new server. Exact (whole keys, no hashes): a key taken for moved
+/// wrongly would be written on its new server beside its old copy. A key
+/// off its old server never comes back there while the migration lasts
+/// (no proxy writes a moved key to its old server once any moves), so an
+/// entry never goes stale; the set goes with the migration.
+#[derive(Debug, Default)]
+struct Moved {
+    keys: std::collections::HashSet<bytes::Bytes>,
+    bytes: usize,
+}
+
+impl Moved {
+    /// Keys (and their overhead, counted as 48 bytes each) held at most.
+    const LIMIT: usize = 32 << 20;
 }
 
 impl std::fmt::Debug for Migration {
@@ -116,6 +136,9 @@ pub struct Progress {
     pub moved_bytes: AtomicU64,
     /// Keys moved because a command used them first.
     pub moved_on_access: AtomicU64,
+    /// Reads of keys not moved yet answered by their old server (nothing
+    /// moved for them).
+    pub reads_from_old: AtomicU64,
     /// Keys larger than the large-key threshold, moved last, one at a time.
     pub large_keys: AtomicU64,
     /// Keys found on both servers (a write to the old server that raced the
@@ -193,7 +216,29 @@ impl Migration {
             phase: AtomicU8::new(0),
             moving: Notify::new(),
             progress,
+            moved: std::sync::Mutex::default(),
         })
+    }
+
+    /// Whether `key` is known to be off its old server (see [`Moved`]).
+    pub fn known_moved(&self, key: &[u8]) -> bool {
+        self.moved.lock().is_ok_and(|m| m.keys.contains(key))
+    }
+
+    /// `keys` are off their old server now (moved, or found absent).
+    pub fn note_moved<'a>(&self, keys: impl IntoIterator<Item = &'a bytes::Bytes>) {
+        let Ok(mut m) = self.moved.lock() else { return };
+        for k in keys {
+            let cost = k.len() + 48;
+            if m.bytes + cost > Moved::LIMIT {
+                return;
+            }
+            // A key copied out of a larger buffer: the set must not keep
+            // the buffer alive.
+            if m.keys.insert(bytes::Bytes::copy_from_slice(k)) {
+                m.bytes += cost;
+            }
+        }
     }
 
     /// Where this proxy is.
@@ -287,6 +332,13 @@ pub(super) fn numbers(m: &Migration) -> Vec<(crate::stats::Desc, u64)> {
         (
             g("migration_keys_moved_on_access", "Keys moved because a command used them first."),
             p.moved_on_access.load(Relaxed),
+        ),
+        (
+            g(
+                "migration_reads_from_old",
+                "Reads of keys not moved yet answered by their old server (one round trip, nothing moved).",
+            ),
+            p.reads_from_old.load(Relaxed),
         ),
         (
             g("migration_keys_remaining", "Keys estimated left to move (from the share of scanned keys that moved)."),

@@ -112,7 +112,7 @@ end
 redis.call('SET', tomb, '1', 'PX', deadline - now + 60000)
 return busy";
 
-/// Deletes the holding keys and claims of `KEYS` made under token ARGV[1];
+/// Deletes the holding keys and claims of `KEYS` made under token `ARGV[1]`;
 /// the number deleted.
 pub const RELEASE: &str = "\
 local n = 0
@@ -137,7 +137,7 @@ if redis.call('EXISTS', 'chash-copy:done:' .. ARGV[1]) == 1 then return 'done' e
 if now > tonumber(ARGV[2]) then return 'lost' end
 return 'wait'";
 
-/// Claims a lost claim's holding key again: KEYS[1] the key, ARGV the old
+/// Claims a lost claim's holding key again: `KEYS[1]` the key, ARGV the old
 /// claim, the new token, the lease (ms). `0`: the claim is not that one any
 /// more (resolved by someone else); `1`: the holding key expired meanwhile
 /// (claim removed); else `{deadline, dump, pexpiretime}`.

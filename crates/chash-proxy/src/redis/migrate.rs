@@ -13,9 +13,10 @@ use bytes::{Bytes, BytesMut};
 use chash::{MigrateMethod, MigrationState};
 use std::sync::atomic::Ordering::Relaxed;
 
+use super::command::Route;
 use super::copy;
 use super::errors::{err, forward_error};
-use super::resp::{array_items, encode_array, integer, WHOLE};
+use super::resp::{array_items, encode_array, integer, Command, WHOLE};
 use super::session::RedisSession;
 use crate::backend::{Address, Pinned, Reply, ReplyAccount, Requester, Server};
 use crate::conn::{ready_owned, PendingReply};
@@ -194,6 +195,63 @@ async fn copy_now(
 }
 
 impl RedisSession {
+    /// A read of one key that moves but may not have moved yet, while keys
+    /// move: answered by its old server when the key is still there (one
+    /// round trip, nothing moved: `MULTI`, `EXISTS`, the command, `EXEC`
+    /// on the old server, so the answer is the key's as it is there, and
+    /// no proxy writes a moved key to its old server any more); `None`
+    /// when the key is not there (it is then known moved) or for anything
+    /// else, which takes the usual way (moved first, then run).
+    pub(super) async fn read_where_it_is(&self, route: &Route, cmd: &Command) -> Option<PendingReply> {
+        let position = match route {
+            Route::Key(p) => *p,
+            Route::Keys(ps) if ps.len() == 1 => ps[0],
+            _ => return None,
+        };
+        if !super::sentinel::reads::is_read(&cmd.args) {
+            return None;
+        }
+        let key = cmd.args.get(position)?;
+        let (m, from) = {
+            let state = self.pool.state();
+            let m = state.migration.clone()?;
+            if m.phase() != Phase::Moving {
+                return None;
+            }
+            let to = state.server_for(key)?;
+            let from = m.source_for(key)?.clone();
+            if Arc::ptr_eq(to, &from) || m.known_moved(key) {
+                return None;
+            }
+            (m, from)
+        };
+        let mut data = BytesMut::with_capacity(64 + key.len() + cmd.raw.as_ref().map_or(64, |r| r.len()));
+        data.extend_from_slice(b"*1\r\n$5\r\nMULTI\r\n");
+        encode_array(&mut data, [&b"EXISTS"[..], key].into_iter());
+        match &cmd.raw {
+            Some(raw) => data.extend_from_slice(raw),
+            None => cmd.encode(&mut data),
+        }
+        data.extend_from_slice(b"*1\r\n$4\r\nEXEC\r\n");
+        let pending = from.submit_frames(data.freeze(), WHOLE, 4, &self.requester).await;
+        let Ok(Reply::Whole(frames)) = from.finish(pending).await else { return None };
+        // The last of the four replies is EXEC's: EXISTS's, then the
+        // command's (as the server framed it for this client's dialect).
+        let exec = super::resp::frames(&frames).pop()?;
+        let items = array_items(&exec).filter(|i| i.len() == 2)?;
+        match integer(&items[0]) {
+            Some(1) => {
+                m.progress.reads_from_old.fetch_add(1, Relaxed);
+                Some(ready_owned(items[1].clone()))
+            }
+            Some(0) => {
+                m.note_moved([key]);
+                None
+            }
+            _ => None,
+        }
+    }
+
     /// A migration in progress: the moved keys among `keys` are moved to
     /// their servers now before the command runs there (a command's keys
     /// all first). While the migration holds (`armed`, or its first
@@ -212,7 +270,7 @@ impl RedisSession {
             if m.phase() != Phase::Done {
                 for key in &keys {
                     let (Some(to), Some(from)) = (state.server_for(key), m.source_for(key)) else { continue };
-                    if Arc::ptr_eq(to, from) {
+                    if Arc::ptr_eq(to, from) || m.known_moved(key) {
                         continue;
                     }
                     match groups.iter_mut().find(|g| Arc::ptr_eq(&g.0, from) && Arc::ptr_eq(&g.1, to)) {
@@ -245,6 +303,7 @@ impl RedisSession {
         for (from, to, keys) in groups {
             match move_now(pool, &m, &from, &to, &keys, &self.requester).await {
                 Ok(moved) => {
+                    m.note_moved(&keys);
                     if moved {
                         m.progress.moved_on_access.fetch_add(keys.len() as u64, Relaxed);
                     }
@@ -545,6 +604,7 @@ async fn move_batch(
             .map_err(|e| Stop::Failed(format!("copy to {}: {e}", to.id())))?;
         m.progress.moved.fetch_add(done.moved, Relaxed);
         m.progress.conflicts.fetch_add(done.conflicts, Relaxed);
+        m.note_moved(keys.iter().filter(|k| !done.pending.contains(k)));
         // Keys held by another copy: resolved at the end of the pass.
         return Ok(());
     }
@@ -553,12 +613,17 @@ async fn move_batch(
     match outcome(source.finish(pending).await) {
         Outcome::Moved => {
             m.progress.moved.fetch_add(keys.len() as u64, Relaxed);
+            m.note_moved(keys);
             Ok(())
         }
-        Outcome::NoKey => Ok(()),
+        Outcome::NoKey => {
+            m.note_moved(keys);
+            Ok(())
+        }
         Outcome::Busy => {
             settle_busy(pool, m, source, to, keys, requester).await.map_err(Stop::Failed)?;
             m.progress.moved.fetch_add(keys.len() as u64, Relaxed);
+            m.note_moved(keys);
             Ok(())
         }
         Outcome::Failed(e) => Err(Stop::Failed(format!("MIGRATE to {}: {e}", to.id()))),

@@ -239,6 +239,9 @@ impl RedisSession {
         }
         let route = route(name, &cmd.args);
         if pool.migrating() {
+            if let Some(reply) = self.read_where_it_is(&route, &cmd).await {
+                return reply;
+            }
             if let Some(positions) = keys_of(&route, cmd.args.len()) {
                 if let Err(refused) = self.move_first(positions.iter().map(|&p| &cmd.args[p])).await {
                     return refused;
