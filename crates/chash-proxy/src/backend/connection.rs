@@ -23,6 +23,8 @@ use std::time::Duration;
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
+
+use super::queue::JobReceiver;
 use tokio::time::Instant;
 
 use super::framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Scan, Setup};
@@ -80,7 +82,7 @@ fn due(deadline: Option<Instant>, now: Instant) -> bool {
 /// deadline passes first.
 async fn open_while_waiting(
     slot: &Slot,
-    rx: &mut mpsc::Receiver<Job>,
+    rx: &mut JobReceiver,
     waiting: &mut VecDeque<Job>,
 ) -> Option<Result<Opened, BackendError>> {
     // The connector as it is now (certificates reload without a restart).
@@ -142,7 +144,7 @@ impl Ended {
 }
 
 /// Runs a connection slot until its server is dropped (its queue closes).
-pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
+pub(super) async fn run_slot(slot: Slot, mut rx: JobReceiver) {
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut eager = slot.preconnect;
     loop {
@@ -215,7 +217,7 @@ pub(super) async fn run_slot(slot: Slot, mut rx: mpsc::Receiver<Job>) {
 
 /// A pinned slot whose connection is gone: every request gets `err` until
 /// the queue closes.
-async fn refuse_all(slot: &Slot, mut rx: mpsc::Receiver<Job>, err: BackendError) {
+async fn refuse_all(slot: &Slot, mut rx: JobReceiver, err: BackendError) {
     rx.close();
     while let Some(job) = rx.recv().await {
         fail(slot.counters.local(), job, &err);
@@ -259,12 +261,7 @@ impl InFlight {
 
 /// Runs one connection until it fails (`Some`) or the queue closes (`None`);
 /// `first` are requests that waited for it.
-async fn run_connection(
-    opened: Opened,
-    mut first: VecDeque<Job>,
-    rx: &mut mpsc::Receiver<Job>,
-    slot: &Slot,
-) -> Option<Ended> {
+async fn run_connection(opened: Opened, mut first: VecDeque<Job>, rx: &mut JobReceiver, slot: &Slot) -> Option<Ended> {
     let Opened { read: r, write: mut w, primary } = opened;
     // A moving server's connection ends when its primary switches.
     let mut target = match &slot.address {

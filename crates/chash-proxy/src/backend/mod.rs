@@ -19,6 +19,7 @@ mod health;
 pub(crate) mod memory;
 mod moving;
 mod open;
+mod queue;
 mod request;
 
 use std::fmt;
@@ -30,7 +31,7 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 use chash::ServerLine;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 
 pub(crate) use connection::sleep_until_opt;
 pub(crate) use framing::{Chunk, Large, Reply, ReplyStream, Scan, Setup};
@@ -66,7 +67,7 @@ pub struct Server {
     line: ServerLine,
     address: Address,
     /// Request queues by dialect and worker: `queues[dialect][worker][connection]`.
-    queues: Vec<Vec<Vec<mpsc::Sender<Job>>>>,
+    queues: Vec<Vec<Vec<queue::JobSender>>>,
     health: Arc<Health>,
     timeout: Option<Duration>,
     counters: Arc<PerWorker<ServerCounters>>,
@@ -76,7 +77,7 @@ pub struct Server {
     /// Clients blocked on it now, each on a pinned connection.
     blocked: Arc<std::sync::atomic::AtomicUsize>,
     /// Idle pinned connections, clean (nothing watched), by dialect.
-    idle: Mutex<Vec<Vec<mpsc::Sender<Job>>>>,
+    idle: Mutex<Vec<Vec<queue::JobSender>>>,
     /// Counters of events that are not per request.
     pub events: ServerEvents,
 }
@@ -91,7 +92,7 @@ const IDLE_PINNED: usize = 16;
 /// request on it fails, so state the server keeps per connection (watched
 /// keys) is never silently lost. Dropping it closes the connection.
 pub struct Pinned {
-    tx: mpsc::Sender<Job>,
+    tx: queue::JobSender,
     dialect: usize,
 }
 
@@ -168,7 +169,7 @@ impl Server {
             for worker in 0..workers.count() {
                 let mut txs = Vec::new();
                 for _ in 0..settings.connections.max(1) {
-                    let (tx, rx) = mpsc::channel(connection::QUEUE);
+                    let (tx, rx) = queue::channel(connection::QUEUE);
                     txs.push(tx);
                     let slot = connection::Slot {
                         address: address.clone(),
@@ -285,7 +286,7 @@ impl Server {
     /// pool's timeout.
     async fn enqueue(
         &self,
-        queue: &mpsc::Sender<Job>,
+        queue: &queue::JobSender,
         data: Bytes,
         framing: &'static dyn Framing,
         frames: usize,
@@ -299,7 +300,7 @@ impl Server {
     /// the server answers).
     async fn enqueue_until(
         &self,
-        queue: &mpsc::Sender<Job>,
+        queue: &queue::JobSender,
         data: Bytes,
         framing: &'static dyn Framing,
         frames: usize,
@@ -314,7 +315,7 @@ impl Server {
         c.in_queue.fetch_add(1, Relaxed);
         c.in_queue_bytes.fetch_add(len, Relaxed);
         let job = Job { data, framing, frames: frames.max(1), reply: tx, account: requester.account.clone(), deadline };
-        if let Err(mpsc::error::SendError(job)) = queue.send(job).await {
+        if let Err(job) = queue.send(job).await {
             connection::fail(c, job, &BackendError::Gone);
         }
         Pending { rx }
@@ -347,7 +348,7 @@ impl Server {
                 }
             }
         }
-        let (tx, rx) = mpsc::channel(connection::QUEUE);
+        let (tx, rx) = queue::channel(connection::QUEUE);
         let slot = connection::Slot {
             address: self.address.clone(),
             name: self.line.name.clone(),

@@ -1,0 +1,279 @@
+//! A connection slot's request queue: many submitters (client sessions on
+//! the slot's worker thread, mostly), one receiver (the slot's task).
+//!
+//! What tokio's bounded mpsc channel did here, for less per request: a
+//! push or a pop is one uncontended lock of a `VecDeque` (every submitter
+//! and the slot run on one worker thread), the receiver is woken only when
+//! it waits, and submitters wait only when the queue is full.
+
+use std::collections::VecDeque;
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
+
+use tokio::sync::Notify;
+
+use super::request::Job;
+
+struct State {
+    jobs: VecDeque<Job>,
+    /// The receiver, when it waits for a job.
+    waiting: Option<Waker>,
+    /// The receiver is gone or closed: sends fail.
+    closed: bool,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    capacity: usize,
+    /// Senders alive; at 0 the receiver sees the end once the queue is empty.
+    senders: AtomicUsize,
+    /// Submitters waiting for room.
+    full: AtomicUsize,
+    room: Notify,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic while locked cannot leave the queue inconsistent (every
+        // change is one push or pop): carry on.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A queue of at most `capacity` jobs.
+pub(super) fn channel(capacity: usize) -> (JobSender, JobReceiver) {
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State { jobs: VecDeque::new(), waiting: None, closed: false }),
+        capacity: capacity.max(1),
+        senders: AtomicUsize::new(1),
+        full: AtomicUsize::new(0),
+        room: Notify::new(),
+    });
+    (JobSender(shared.clone()), JobReceiver(shared))
+}
+
+/// The submitting side.
+pub(super) struct JobSender(Arc<Shared>);
+
+impl Clone for JobSender {
+    fn clone(&self) -> JobSender {
+        self.0.senders.fetch_add(1, Relaxed);
+        JobSender(self.0.clone())
+    }
+}
+
+impl Drop for JobSender {
+    fn drop(&mut self) {
+        if self.0.senders.fetch_sub(1, Relaxed) == 1 {
+            let waker = self.0.lock().waiting.take();
+            if let Some(w) = waker {
+                w.wake();
+            }
+        }
+    }
+}
+
+impl JobSender {
+    /// Queues `job`, waiting while the queue is full; the job back when
+    /// the receiver is gone.
+    pub(super) async fn send(&self, job: Job) -> Result<(), Job> {
+        let mut job = Some(job);
+        loop {
+            let notified = self.0.room.notified();
+            tokio::pin!(notified);
+            {
+                let mut state = self.0.lock();
+                if state.closed {
+                    return Err(job.take().expect("a job"));
+                }
+                if state.jobs.len() < self.0.capacity {
+                    state.jobs.push_back(job.take().expect("a job"));
+                    let waker = state.waiting.take();
+                    drop(state);
+                    if let Some(w) = waker {
+                        w.wake();
+                    }
+                    return Ok(());
+                }
+                // Registered before the lock is let go: a pop after it
+                // wakes this one.
+                notified.as_mut().enable();
+                self.0.full.fetch_add(1, Relaxed);
+            }
+            notified.await;
+            self.0.full.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Whether the receiver is gone (or closed).
+    pub(super) fn is_closed(&self) -> bool {
+        self.0.lock().closed
+    }
+}
+
+/// Why [`JobReceiver::try_recv`] got nothing.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Empty {
+    /// Nothing queued now.
+    Now,
+    /// Nothing queued and no sender left.
+    ForEver,
+}
+
+/// The receiving side (the slot's task).
+pub(super) struct JobReceiver(Arc<Shared>);
+
+impl Drop for JobReceiver {
+    /// Jobs still queued are dropped now (their requesters get a closed
+    /// reply), as no one will take them.
+    fn drop(&mut self) {
+        let jobs = {
+            let mut state = self.0.lock();
+            state.closed = true;
+            std::mem::take(&mut state.jobs)
+        };
+        self.0.room.notify_waiters();
+        drop(jobs);
+    }
+}
+
+impl JobReceiver {
+    /// The next job; `None` once every sender is gone and the queue is
+    /// empty. Cancel-safe (a job is taken only when returned).
+    pub(super) async fn recv(&mut self) -> Option<Job> {
+        poll_fn(|cx| {
+            let mut state = self.0.lock();
+            if let Some(job) = state.jobs.pop_front() {
+                drop(state);
+                self.made_room();
+                return Poll::Ready(Some(job));
+            }
+            if self.0.senders.load(Relaxed) == 0 {
+                return Poll::Ready(None);
+            }
+            match &state.waiting {
+                Some(w) if w.will_wake(cx.waker()) => {}
+                _ => state.waiting = Some(cx.waker().clone()),
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// A job queued now, if any.
+    pub(super) fn try_recv(&mut self) -> Result<Job, Empty> {
+        let job = self.0.lock().jobs.pop_front();
+        match job {
+            Some(job) => {
+                self.made_room();
+                Ok(job)
+            }
+            None if self.0.senders.load(Relaxed) == 0 => Err(Empty::ForEver),
+            None => Err(Empty::Now),
+        }
+    }
+
+    /// No more jobs are taken (sends fail); those queued can still be
+    /// received.
+    pub(super) fn close(&mut self) {
+        self.0.lock().closed = true;
+        self.0.room.notify_waiters();
+    }
+
+    fn made_room(&self) {
+        if self.0.full.load(Relaxed) > 0 {
+            self.0.room.notify_one();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::framing::{Frame, Framing};
+    use crate::backend::request::ReplyAccount;
+    use bytes::{Bytes, BytesMut};
+
+    struct Any;
+    impl Framing for Any {
+        fn parse(&self, _: &mut BytesMut) -> Frame {
+            Frame::Incomplete
+        }
+    }
+
+    type Answer =
+        tokio::sync::oneshot::Receiver<Result<crate::backend::request::Delivered, crate::backend::BackendError>>;
+
+    fn job(n: u8) -> (Job, Answer) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let job = Job {
+            data: Bytes::from(vec![n]),
+            framing: &Any,
+            frames: 1,
+            reply: tx,
+            account: ReplyAccount::new(1 << 20),
+            deadline: None,
+        };
+        (job, rx)
+    }
+
+    #[tokio::test]
+    async fn jobs_come_out_in_order_and_a_full_queue_waits() {
+        let (tx, mut rx) = channel(2);
+        let (a, _ra) = job(1);
+        let (b, _rb) = job(2);
+        let (c, _rc) = job(3);
+        tx.send(a).await.ok().unwrap();
+        tx.send(b).await.ok().unwrap();
+        let sender = tx.clone();
+        let third = tokio::spawn(async move { sender.send(c).await.is_ok() });
+        tokio::task::yield_now().await;
+        assert!(!third.is_finished(), "a full queue makes the sender wait");
+        assert_eq!(&rx.recv().await.unwrap().data[..], [1]);
+        assert!(third.await.unwrap(), "room made, the send went through");
+        assert_eq!(&rx.try_recv().ok().unwrap().data[..], [2]);
+        assert_eq!(&rx.recv().await.unwrap().data[..], [3]);
+        assert_eq!(rx.try_recv().err(), Some(Empty::Now));
+        drop(tx);
+        assert!(rx.recv().await.is_none(), "every sender gone: the end");
+        assert_eq!(rx.try_recv().err(), Some(Empty::ForEver));
+    }
+
+    #[tokio::test]
+    async fn a_closed_or_dropped_receiver_refuses_and_answers_what_waited() {
+        let (tx, mut rx) = channel(4);
+        let (a, ra) = job(1);
+        tx.send(a).await.ok().unwrap();
+        rx.close();
+        assert!(tx.is_closed());
+        let (b, _rb) = job(2);
+        assert!(tx.send(b).await.is_err(), "closed: the job comes back");
+        assert!(rx.try_recv().is_ok(), "what was queued can still be taken");
+        drop(ra);
+        let (tx2, rx2) = channel(4);
+        let (d, rd) = job(4);
+        tx2.send(d).await.ok().unwrap();
+        drop(rx2);
+        assert!(rd.await.is_err(), "a job queued when the receiver went is dropped: its requester hears at once");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_receiver_wakes_on_a_send_and_on_the_last_sender_going() {
+        let (tx, mut rx) = channel(4);
+        let waiter = tokio::spawn(async move {
+            let first = rx.recv().await.map(|j| j.data);
+            let end = rx.recv().await.is_none();
+            (first, end)
+        });
+        tokio::task::yield_now().await;
+        let (a, _ra) = job(7);
+        tx.send(a).await.ok().unwrap();
+        tokio::task::yield_now().await;
+        drop(tx);
+        let (first, end) = waiter.await.unwrap();
+        assert_eq!(first.as_deref(), Some(&[7u8][..]));
+        assert!(end);
+    }
+}
