@@ -150,7 +150,7 @@ pub(crate) fn route(name: &str, args: &[Bytes]) -> Route {
         "PUBSUB" => return Route::Everywhere(Every::Pubsub),
         _ => {}
     }
-    let Some(spec) = spec_of(args) else {
+    let Some(spec) = spec_named(name, args) else {
         return Route::Refused("chash-proxy does not know how to route it".into());
     };
     if !spec.fits(args.len()) {
@@ -210,6 +210,19 @@ pub(crate) fn spec_of(args: &[Bytes]) -> Option<&'static Spec> {
         }
     }
     Some(spec)
+}
+
+/// [`spec_of`] for a command whose name is known in capitals (`name`,
+/// from `Command::name_in`; empty when it could not be): no second
+/// upper-casing of the name on the request path.
+fn spec_named(name: &str, args: &[Bytes]) -> Option<&'static Spec> {
+    if name.is_empty() {
+        return spec_of(args);
+    }
+    match index().get(name.as_bytes())? {
+        &(spec, false) => Some(spec),
+        _ => spec_of(args),
+    }
 }
 
 /// The table by upper-case name, each with whether it has subcommands.
