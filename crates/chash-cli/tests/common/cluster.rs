@@ -172,14 +172,28 @@ impl Resp {
         self.read()
     }
 
+    /// [`Resp::ask`], an error reply returned rather than a panic.
+    pub fn ask_or_error(&mut self, args: &[&str]) -> Result<Reply, String> {
+        let mut out = format!("*{}\r\n", args.len());
+        for a in args {
+            out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+        }
+        self.w.write_all(out.as_bytes()).unwrap();
+        self.read_or_error()
+    }
+
     pub fn read(&mut self) -> Reply {
+        self.read_or_error().unwrap_or_else(|e| panic!("error reply: {e}"))
+    }
+
+    fn read_or_error(&mut self) -> Result<Reply, String> {
         let mut line = String::new();
         self.r.read_line(&mut line).unwrap();
         let line = line.trim_end().to_owned();
         let (kind, rest) = line.split_at(1);
-        match kind {
+        Ok(match kind {
             "+" | ":" => Reply::Other,
-            "-" => panic!("error reply: {rest}"),
+            "-" => return Err(rest.to_owned()),
             "$" if rest == "-1" => Reply::Nil,
             "$" => {
                 let n: usize = rest.parse().unwrap();
@@ -189,7 +203,7 @@ impl Resp {
             }
             "*" => Reply::Array((0..rest.parse::<usize>().unwrap()).map(|_| self.read()).collect()),
             _ => panic!("unexpected reply {line:?}"),
-        }
+        })
     }
 }
 

@@ -244,7 +244,11 @@ impl RedisSession {
                 m.progress.reads_from_old.fetch_add(1, Relaxed);
                 Some(ready_owned(items[1].clone()))
             }
-            Some(0) => {
+            // Absent from its old server: moved, when keys move with
+            // MIGRATE (atomic: gone from the old server only once on the
+            // new one). A copy may instead hold it under its claim, not yet
+            // on the new server: the usual way then (the copy waited for).
+            Some(0) if self.pool.spec().migrate_method == MigrateMethod::Migrate => {
                 m.note_moved([key]);
                 None
             }
