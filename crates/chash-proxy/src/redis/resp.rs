@@ -132,20 +132,33 @@ impl Command {
     }
 }
 
-/// Appends a RESP array of bulk strings.
-pub fn encode_array<'a>(out: &mut BytesMut, items: impl ExactSizeIterator<Item = &'a [u8]>) {
+/// Room for a bulk string's framing beyond its bytes: `$`, its length (up
+/// to 20 digits) and two line ends.
+pub(crate) const ARG_FRAMING: usize = 1 + 20 + 4;
+
+/// Appends a RESP array of bulk strings (the room for it reserved once).
+pub fn encode_array<'a>(out: &mut BytesMut, items: impl ExactSizeIterator<Item = &'a [u8]> + Clone) {
+    out.reserve(ARG_FRAMING + items.clone().map(|a| a.len() + ARG_FRAMING).sum::<usize>());
     put_len(out, b'*', items.len());
     for a in items {
-        put_len(out, b'$', a.len());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
+        put_bulk(out, a);
     }
 }
 
+/// `$<len>\r\n<data>\r\n`.
+pub(crate) fn put_bulk(out: &mut BytesMut, data: &[u8]) {
+    put_len(out, b'$', data.len());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
 /// `<prefix><n>\r\n`.
-fn put_len(out: &mut BytesMut, prefix: u8, n: usize) {
+pub(crate) fn put_len(out: &mut BytesMut, prefix: u8, n: usize) {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(n).as_bytes();
+    out.reserve(digits.len() + 3);
     out.extend_from_slice(&[prefix]);
-    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+    out.extend_from_slice(digits);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -610,6 +623,23 @@ pub fn array_items(frame: &Bytes) -> Option<Vec<Bytes>> {
         p = e;
     }
     Some(items)
+}
+
+/// Where the first item of an array reply of `n` items starts (`None` for
+/// another reply or another count): its items are then read with
+/// [`item_end`], without taking them apart.
+pub fn array_start(frame: &[u8], n: usize) -> Option<usize> {
+    if frame.first() != Some(&b'*') {
+        return None;
+    }
+    let end = line_end(frame, 1)?;
+    (usize::try_from(int(&frame[1..end])?).ok()? == n).then_some(end + 2)
+}
+
+/// Where the frame starting at `at` of `frame` ends, if it is complete and
+/// well formed.
+pub fn item_end(frame: &[u8], at: usize) -> Option<usize> {
+    frame_end(frame, at, 1).ok()?
 }
 
 /// The value of an integer reply.

@@ -9,7 +9,10 @@ use bytes::{Bytes, BytesMut};
 
 use super::command::{keys_of, route, Gather, Route};
 use super::errors::{arity, backend_error, err, forward_error};
-use super::resp::{array_items, error, integer, parse_request, Command, Request, RespLimits, Skip, STREAMED, WHOLE};
+use super::resp::{
+    array_items, array_start, error, integer, item_end, parse_request, put_bulk, put_len, Command, Request, RespLimits,
+    Skip, ARG_FRAMING, STREAMED, WHOLE,
+};
 use crate::backend::{BackendError, Pinned, Reply, Requester, Server};
 use crate::conn::{bytes_reply, ready_owned, Out, PendingReply, Session, Step};
 use crate::options::Shared;
@@ -443,23 +446,30 @@ impl RedisSession {
     /// each followed by `step - 1` values.
     async fn split(&self, cmd: Command, first: usize, step: usize, gather: Gather) -> PendingReply {
         let pool = &self.pool;
-        let name = cmd.args[0].clone();
         let state = pool.state();
-        // (server, argument groups, client positions)
-        let mut groups: Vec<(Arc<Server>, Vec<Bytes>, Vec<usize>)> = Vec::new();
-        for (slot, at) in (first..cmd.args.len()).step_by(step).enumerate() {
+        let total = (cmd.args.len() - first) / step;
+        // Each key's group (by server), and per group its server, how many
+        // keys and about how many bytes its command takes.
+        let mut group_of: Vec<u16> = Vec::with_capacity(total);
+        let mut groups: Vec<(Arc<Server>, usize, usize)> = Vec::new();
+        for at in (first..cmd.args.len()).step_by(step) {
             let Some(server) = state.server_for(&cmd.args[at]) else {
                 return ready_owned(forward_error(pool, "ERR no live server in pool".into()));
             };
             let g = match groups.iter().position(|g| Arc::ptr_eq(&g.0, server)) {
                 Some(i) => i,
                 None => {
-                    groups.push((server.clone(), vec![name.clone()], Vec::new()));
+                    groups.push((server.clone(), 0, 0));
                     groups.len() - 1
                 }
             };
-            groups[g].1.extend_from_slice(&cmd.args[at..at + step]);
-            groups[g].2.push(slot);
+            group_of.push(g as u16);
+            groups[g].1 += 1;
+            groups[g].2 += cmd.args[at..at + step].iter().map(|a| a.len() + ARG_FRAMING).sum::<usize>();
+            if groups.len() > usize::from(u16::MAX) {
+                // Not from any pool chash serves; refused rather than wrapped.
+                return ready_owned(forward_error(pool, "ERR too many servers for one command".into()));
+            }
         }
         drop(state);
         if groups.len() == 1 {
@@ -470,18 +480,32 @@ impl RedisSession {
             return self.send(server, cmd).await;
         }
         pool.counters().fragments.fetch_add(groups.len() as u64, Relaxed);
-        let total = (cmd.args.len() - first) / step;
+        let name = &cmd.args[0];
         let mut waits = Vec::with_capacity(groups.len());
-        for (server, args, slots) in groups {
-            let pending = server.submit(Command::new(args).wire(), WHOLE, &self.requester).await;
-            waits.push((server, pending, slots));
+        for (g, (server, keys, bytes)) in groups.into_iter().enumerate() {
+            // The group's command, framed here once: the name, then its keys
+            // (each with its values) in the client's order.
+            let mut out = BytesMut::with_capacity(bytes + name.len() + 2 * ARG_FRAMING);
+            put_len(&mut out, b'*', 1 + keys * step);
+            put_bulk(&mut out, name);
+            for (k, _) in group_of.iter().enumerate().filter(|(_, &of)| usize::from(of) == g) {
+                let at = first + k * step;
+                for a in &cmd.args[at..at + step] {
+                    put_bulk(&mut out, a);
+                }
+            }
+            let pending = server.submit(out.freeze(), WHOLE, &self.requester).await;
+            waits.push((server, pending));
         }
         let pool = pool.clone();
         let null = self.null();
         bytes_reply(async move {
-            let mut items: Vec<Option<Bytes>> = vec![None; total];
+            // Each group's reply and where its next item starts, taken in
+            // the client's key order.
+            let mut parts: Vec<(Bytes, usize)> = Vec::with_capacity(waits.len());
+            let mut size = 16;
             let mut sum = 0i64;
-            for (server, pending, slots) in waits {
+            for (g, (server, pending)) in waits.into_iter().enumerate() {
                 let frame = match server.finish(pending).await {
                     Ok(Reply::Whole(f)) => f,
                     Ok(Reply::Stream(_)) => {
@@ -503,12 +527,12 @@ impl RedisSession {
                 }
                 match gather {
                     Gather::InOrder => {
-                        let Some(parts) = array_items(&frame).filter(|p| p.len() == slots.len()) else {
+                        let keys = group_of.iter().filter(|&&of| usize::from(of) == g).count();
+                        let Some(start) = array_start(&frame, keys) else {
                             return Some(error("ERR backend sent an unexpected reply"));
                         };
-                        for (slot, part) in slots.into_iter().zip(parts) {
-                            items[slot] = Some(part);
-                        }
+                        size += frame.len();
+                        parts.push((frame, start));
                     }
                     Gather::AllOk => {}
                     Gather::Sum => sum += integer(&frame).unwrap_or(0),
@@ -516,10 +540,19 @@ impl RedisSession {
             }
             Some(match gather {
                 Gather::InOrder => {
-                    let mut out = BytesMut::new();
-                    out.extend_from_slice(format!("*{total}\r\n").as_bytes());
-                    for item in items {
-                        out.extend_from_slice(item.as_deref().unwrap_or(null));
+                    let mut out = BytesMut::with_capacity(size + total * null.len());
+                    put_len(&mut out, b'*', total);
+                    for &g in &group_of {
+                        let (frame, at) = &mut parts[usize::from(g)];
+                        // Complete frames (the server connection read them
+                        // whole) of as many items as keys (checked above).
+                        match item_end(frame, *at) {
+                            Some(end) => {
+                                out.extend_from_slice(&frame[*at..end]);
+                                *at = end;
+                            }
+                            None => out.extend_from_slice(null),
+                        }
                     }
                     out.freeze()
                 }
