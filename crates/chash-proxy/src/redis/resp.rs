@@ -249,6 +249,29 @@ fn line_end(buf: &[u8], mut from: usize) -> Option<usize> {
     }
 }
 
+/// The common header line, read in one pass: up to 18 digits (no sign)
+/// from `from`, then CRLF: the number and where its CR is. `None` for
+/// anything else (incomplete, signed, longer, malformed), which the general
+/// way ([`line_end`], then [`int`]) reads, to the same result when this
+/// finds one.
+#[inline]
+fn number_line(buf: &[u8], from: usize) -> Option<(i64, usize)> {
+    let mut n: i64 = 0;
+    let mut at = from;
+    while let Some(&d) = buf.get(at) {
+        if d.is_ascii_digit() {
+            if at - from == 18 {
+                return None;
+            }
+            n = n * 10 + i64::from(d - b'0');
+            at += 1;
+            continue;
+        }
+        return (d == b'\r' && at > from && buf.get(at + 1) == Some(&b'\n')).then_some((n, at));
+    }
+    None
+}
+
 /// A decimal integer as `str::parse::<i64>` reads it (an optional sign,
 /// then digits only), without a UTF-8 check: this runs several times per
 /// request.
@@ -323,13 +346,19 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         }
         return Some(Request::Command(Command::new(args)));
     }
-    let Some(end) = line_end(buf, 1) else {
-        if buf.len() > 32 {
-            return Some(Request::Error("Protocol error: invalid multibulk length".into()));
+    let (n, end) = match number_line(buf, 1) {
+        Some((n, end)) => (Some(n), end),
+        None => {
+            let Some(end) = line_end(buf, 1) else {
+                if buf.len() > 32 {
+                    return Some(Request::Error("Protocol error: invalid multibulk length".into()));
+                }
+                return Some(Request::Incomplete);
+            };
+            (int(&buf[1..end]), end)
         }
-        return Some(Request::Incomplete);
     };
-    let Some(n) = int(&buf[1..end]) else {
+    let Some(n) = n else {
         return Some(Request::Error("Protocol error: invalid multibulk length".into()));
     };
     if n <= 0 {
@@ -352,13 +381,19 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         if buf[pos] != b'$' {
             return Some(Request::Error(format!("Protocol error: expected '$', got '{}'", buf[pos] as char)));
         }
-        let Some(end) = line_end(buf, pos + 1) else {
-            if buf.len() - pos > 32 {
-                return Some(Request::Error("Protocol error: invalid bulk length".into()));
+        let (len, end) = match number_line(buf, pos + 1) {
+            Some((len, end)) => (Some(len), end),
+            None => {
+                let Some(end) = line_end(buf, pos + 1) else {
+                    if buf.len() - pos > 32 {
+                        return Some(Request::Error("Protocol error: invalid bulk length".into()));
+                    }
+                    return Some(Request::Incomplete);
+                };
+                (int(&buf[pos + 1..end]), end)
             }
-            return Some(Request::Incomplete);
         };
-        let len = match int(&buf[pos + 1..end]) {
+        let len = match len {
             Some(l) if l >= 0 && (l as usize) <= limits.max_bulk => l as usize,
             Some(l) if l >= 0 => {
                 // Read past it all: the header lines so far, this argument
@@ -687,6 +722,16 @@ mod tests {
             proptest::prop_assert_eq!(int(s.as_bytes()), naive_int(s.as_bytes()));
             let text = n.to_string();
             proptest::prop_assert_eq!(int(text.as_bytes()), Some(n));
+        }
+
+        #[test]
+        fn number_line_reads_what_the_general_way_reads(buf in proptest::collection::vec(proptest::sample::select(b"0123456789\r\n-+a".to_vec()), 0..24), digits in "[0-9]{1,18}") {
+            if let Some((n, cr)) = number_line(&buf, 0) {
+                proptest::prop_assert_eq!(line_end(&buf, 0), Some(cr));
+                proptest::prop_assert_eq!(int(&buf[..cr]), Some(n));
+            }
+            let line = format!("{digits}\r\n");
+            proptest::prop_assert_eq!(number_line(line.as_bytes(), 0), Some((digits.parse().unwrap(), digits.len())));
         }
 
         #[test]
