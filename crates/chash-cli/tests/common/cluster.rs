@@ -164,12 +164,7 @@ impl Resp {
     }
 
     pub fn ask(&mut self, args: &[&str]) -> Reply {
-        let mut out = format!("*{}\r\n", args.len());
-        for a in args {
-            out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
-        }
-        self.w.write_all(out.as_bytes()).unwrap();
-        self.read()
+        self.ask_or_error(args).unwrap_or_else(|e| panic!("error reply: {e}"))
     }
 
     /// [`Resp::ask`], an error reply returned rather than a panic.

@@ -692,10 +692,8 @@ pub fn error(msg: &str) -> Bytes {
 
 /// A RESP bulk string.
 pub fn bulk(data: &[u8]) -> Bytes {
-    let mut out = BytesMut::with_capacity(data.len() + 16);
-    out.extend_from_slice(format!("${}\r\n", data.len()).as_bytes());
-    out.extend_from_slice(data);
-    out.extend_from_slice(b"\r\n");
+    let mut out = BytesMut::with_capacity(data.len() + ARG_FRAMING);
+    put_bulk(&mut out, data);
     out.freeze()
 }
 

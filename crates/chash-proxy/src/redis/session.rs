@@ -495,7 +495,7 @@ impl RedisSession {
                 }
             }
             let pending = server.submit(out.freeze(), WHOLE, &self.requester).await;
-            waits.push((server, pending));
+            waits.push((server, pending, keys));
         }
         let pool = pool.clone();
         let null = self.null();
@@ -505,7 +505,7 @@ impl RedisSession {
             let mut parts: Vec<(Bytes, usize)> = Vec::with_capacity(waits.len());
             let mut size = 16;
             let mut sum = 0i64;
-            for (g, (server, pending)) in waits.into_iter().enumerate() {
+            for (server, pending, keys) in waits {
                 let frame = match server.finish(pending).await {
                     Ok(Reply::Whole(f)) => f,
                     Ok(Reply::Stream(_)) => {
@@ -527,7 +527,6 @@ impl RedisSession {
                 }
                 match gather {
                     Gather::InOrder => {
-                        let keys = group_of.iter().filter(|&&of| usize::from(of) == g).count();
                         let Some(start) = array_start(&frame, keys) else {
                             return Some(error("ERR backend sent an unexpected reply"));
                         };

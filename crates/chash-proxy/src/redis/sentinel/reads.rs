@@ -38,18 +38,65 @@ pub(crate) fn read_server(
     let near: Vec<&Standby> = standbys.iter().filter(|s| s.near).collect();
     let pick: Vec<&Standby> = if near.is_empty() { standbys.iter().collect() } else { near };
     let turn = TURN.fetch_add(1, Relaxed) as usize;
-    let replica = || (!pick.is_empty()).then(|| pick[turn % pick.len()].server.clone());
     let primary_usable = m.target.borrow().usable().is_some() && !primary.is_down();
-    Ok(match policy {
-        ReadPolicy::Primary => primary.clone(),
-        ReadPolicy::PreferPrimary if primary_usable => primary.clone(),
-        ReadPolicy::PreferPrimary | ReadPolicy::PreferReplica => replica().unwrap_or_else(|| primary.clone()),
-        ReadPolicy::Replica => replica().ok_or_else(|| {
-            format!("no replica of group {} may serve reads now (read_policy: replica); see /stats", m.name)
-        })?,
-        ReadPolicy::Any => match turn % (pick.len() + 1) {
-            0 => primary.clone(),
-            _ => replica().unwrap_or_else(|| primary.clone()),
+    match choose(policy, primary_usable, pick.len(), turn) {
+        Some(Pick::Primary) => Ok(primary.clone()),
+        Some(Pick::Replica(i)) => Ok(pick[i].server.clone()),
+        None => Err(format!("no replica of group {} may serve reads now (read_policy: replica); see /stats", m.name)),
+    }
+}
+
+/// Where a read goes.
+#[derive(Debug, PartialEq, Eq)]
+enum Pick {
+    Primary,
+    /// The replica at this index of those read from.
+    Replica(usize),
+}
+
+/// The policy's choice among the primary (usable or not) and `replicas`
+/// usable replicas, taken in turn (`turn` counts reads); `None`: none may
+/// serve it (`replica` with no replica).
+fn choose(policy: ReadPolicy, primary_usable: bool, replicas: usize, turn: usize) -> Option<Pick> {
+    let replica = (replicas > 0).then(|| Pick::Replica(turn % replicas));
+    match policy {
+        ReadPolicy::Primary => Some(Pick::Primary),
+        ReadPolicy::PreferPrimary if primary_usable => Some(Pick::Primary),
+        ReadPolicy::PreferPrimary | ReadPolicy::PreferReplica => replica.or(Some(Pick::Primary)),
+        ReadPolicy::Replica => replica,
+        ReadPolicy::Any => match turn % (replicas + 1) {
+            0 => Some(Pick::Primary),
+            _ => replica.or(Some(Pick::Primary)),
         },
-    })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_policy_reads_where_it_says() {
+        use ReadPolicy::*;
+        for turn in 0..6 {
+            // Two usable replicas, a usable primary.
+            assert_eq!(choose(Primary, true, 2, turn), Some(Pick::Primary));
+            assert_eq!(choose(PreferPrimary, true, 2, turn), Some(Pick::Primary));
+            assert_eq!(choose(PreferReplica, true, 2, turn), Some(Pick::Replica(turn % 2)));
+            assert_eq!(choose(Replica, true, 2, turn), Some(Pick::Replica(turn % 2)));
+            // The primary down: prefer-primary falls back to a replica;
+            // primary stays (its requests wait for the failover).
+            assert_eq!(choose(PreferPrimary, false, 2, turn), Some(Pick::Replica(turn % 2)));
+            assert_eq!(choose(Primary, false, 2, turn), Some(Pick::Primary));
+            // No usable replica: replica refuses, the preferences fall back.
+            assert_eq!(choose(Replica, true, 0, turn), None);
+            assert_eq!(choose(PreferReplica, true, 0, turn), Some(Pick::Primary));
+            assert_eq!(choose(Any, true, 0, turn), Some(Pick::Primary));
+        }
+        // Any: the primary and each replica in turn.
+        let any: Vec<_> = (0..6).map(|t| choose(ReadPolicy::Any, true, 2, t)).collect();
+        let want =
+            [Pick::Primary, Pick::Replica(1), Pick::Replica(0), Pick::Primary, Pick::Replica(0), Pick::Replica(1)];
+        assert_eq!(any, want.map(Some));
+    }
 }

@@ -186,14 +186,7 @@ async fn replicas(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>], prim
         } else {
             match info(s, &addr).await {
                 Err(e) => Some(e),
-                Ok(text) if !text.lines().any(|l| l.trim_end() == "master_link_status:up") => {
-                    Some("its link to the primary is down".to_owned())
-                }
-                Ok(_) => match lag {
-                    None => Some(format!("{primary} does not list it as an online replica")),
-                    Some(l) if l > max => Some(format!("lagging {l} s (replica_max_lag: {max})")),
-                    Some(_) => None,
-                },
+                Ok(text) => unusable(&text, lag, max, primary),
             }
         };
         views.push(ReplicaView {
@@ -207,6 +200,20 @@ async fn replicas(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>], prim
     }
     let backend = (s.settings.read_policy != chash::ReadPolicy::Primary).then(|| s.backend.get()).flatten();
     group.found(views, backend, s.zone.as_deref());
+}
+
+/// Why a replica may not serve reads, from its `INFO replication` and
+/// its lag as its primary lists it (`None`: not listed online), against
+/// the cutoff `max` (s); `None`: it may.
+fn unusable(replica_info: &str, lag: Option<u64>, max: u64, primary: &str) -> Option<String> {
+    if !replica_info.lines().any(|l| l.trim_end() == "master_link_status:up") {
+        return Some("its link to the primary is down".to_owned());
+    }
+    match lag {
+        None => Some(format!("{primary} does not list it as an online replica")),
+        Some(l) if l > max => Some(format!("lagging {l} s (replica_max_lag: {max})")),
+        Some(_) => None,
+    }
 }
 
 /// A server's `INFO replication`.
@@ -350,6 +357,18 @@ mod tests {
                     slave0:ip=127.0.0.1,port=7002,state=online,offset=99,lag=0\r\n\
                     slave1:ip=127.0.0.1,port=7003,state=wait_bgsave,offset=0,lag=3\r\n";
         assert_eq!(lags_of(info), vec![("127.0.0.1:7002".to_owned(), 0)]);
+    }
+
+    #[test]
+    fn a_replica_reads_only_linked_listed_and_within_the_lag_cutoff() {
+        let up = "# Replication\r\nrole:slave\r\nmaster_link_status:up\r\n";
+        let down = "# Replication\r\nrole:slave\r\nmaster_link_status:down\r\n";
+        let p = "127.0.0.1:7001";
+        assert_eq!(unusable(up, Some(0), 10, p), None);
+        assert_eq!(unusable(up, Some(10), 10, p), None);
+        assert_eq!(unusable(up, Some(11), 10, p).as_deref(), Some("lagging 11 s (replica_max_lag: 10)"));
+        assert_eq!(unusable(up, None, 10, p).as_deref(), Some("127.0.0.1:7001 does not list it as an online replica"));
+        assert_eq!(unusable(down, Some(0), 10, p).as_deref(), Some("its link to the primary is down"));
     }
 
     #[test]
