@@ -15,7 +15,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -28,7 +28,68 @@ use crate::backend::{sleep_until_opt, ReplyAccount, ReplyStream, Requester};
 use crate::stats::{PerWorker, PoolCounters};
 
 /// A reply in the making: `None` means nothing is written (noreply).
-pub(crate) type PendingReply = Pin<Box<dyn Future<Output = Option<Out>> + Send>>;
+///
+/// The common cases are held as they are, with nothing allocated: a reply
+/// known now, and a server's reply passed on as it comes
+/// ([`PendingReply::server`]); anything else is a boxed future.
+pub(crate) enum PendingReply {
+    /// Known now (taken by the first poll).
+    Now(Option<Out>),
+    /// A server's reply, passed on whole or streamed.
+    Server(Forwarded),
+    /// Anything else.
+    Later(Pin<Box<dyn Future<Output = Option<Out>> + Send>>),
+}
+
+/// A request sent to a server whose reply goes to the client unchanged.
+pub(crate) struct Forwarded {
+    server: Arc<crate::backend::Server>,
+    pending: crate::backend::Pending,
+    pool: Arc<crate::pool::Pool>,
+    /// What the client gets when there is no reply (the protocol's error,
+    /// naming the server).
+    error: fn(&crate::pool::Pool, &str, &crate::backend::BackendError) -> Bytes,
+}
+
+impl PendingReply {
+    /// `pending`'s reply from `server`, or `error`'s framing of why there
+    /// is none; streamed replies are counted on `pool`.
+    pub(crate) fn server(
+        server: Arc<crate::backend::Server>,
+        pending: crate::backend::Pending,
+        pool: Arc<crate::pool::Pool>,
+        error: fn(&crate::pool::Pool, &str, &crate::backend::BackendError) -> Bytes,
+    ) -> PendingReply {
+        PendingReply::Server(Forwarded { server, pending, pool, error })
+    }
+}
+
+impl Future for PendingReply {
+    type Output = Option<Out>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Out>> {
+        match self.get_mut() {
+            PendingReply::Now(out) => Poll::Ready(out.take()),
+            PendingReply::Later(f) => f.as_mut().poll(cx),
+            PendingReply::Server(f) => {
+                let result = std::task::ready!(f.server.poll_finish(&mut f.pending, cx));
+                Poll::Ready(Some(match result {
+                    Ok(crate::backend::Reply::Whole(frame)) => Out::Bytes(frame),
+                    Ok(crate::backend::Reply::Stream(stream)) => {
+                        f.pool.counters().streamed_replies.fetch_add(1, Relaxed);
+                        Out::Stream(stream)
+                    }
+                    Err(e) => Out::Bytes((f.error)(&f.pool, f.server.id(), &e)),
+                }))
+            }
+        }
+    }
+}
+
+/// A reply made by `f`.
+pub(crate) fn later(f: impl Future<Output = Option<Out>> + Send + 'static) -> PendingReply {
+    PendingReply::Later(Box::pin(f))
+}
 
 /// A reply ready to be written.
 pub(crate) enum Out {
@@ -40,7 +101,7 @@ pub(crate) enum Out {
 
 /// A reply whose bytes come whole.
 pub(crate) fn bytes_reply(f: impl Future<Output = Option<Bytes>> + Send + 'static) -> PendingReply {
-    Box::pin(async move { f.await.map(Out::Bytes) })
+    later(async move { f.await.map(Out::Bytes) })
 }
 
 /// A reply known now.
@@ -50,12 +111,12 @@ pub(crate) fn ready(bytes: &'static [u8]) -> PendingReply {
 
 /// A reply known now.
 pub(crate) fn ready_owned(bytes: Bytes) -> PendingReply {
-    Box::pin(std::future::ready(Some(Out::Bytes(bytes))))
+    PendingReply::Now(Some(Out::Bytes(bytes)))
 }
 
 /// No reply at all.
 pub(crate) fn nothing() -> PendingReply {
-    Box::pin(std::future::ready(None))
+    PendingReply::Now(None)
 }
 
 /// What a session made of the bytes at the front of the buffer.
@@ -360,19 +421,29 @@ pub(crate) async fn serve<T, S>(
         account.mark_gone();
         close
     };
-    // The reader first, then the writer, in every poll of the task: a reply
-    // queued by the reader is picked up by the writer in the same poll.
+    // The reader, then the writer, in one task. Each half is polled only
+    // when something it waits on woke it (a reply arriving does not make
+    // the reader look at its socket again), and the writer right after
+    // every poll of the reader: a reply the reader queued is picked up in
+    // the same poll.
     let close = {
         tokio::pin!(reader);
         tokio::pin!(writer);
+        let wakes = HalfWakes::new();
         let (mut close, mut written) = (None, false);
         std::future::poll_fn(|cx| {
-            if close.is_none() {
-                if let Poll::Ready(c) = reader.as_mut().poll(cx) {
+            wakes.task(cx.waker());
+            let mut read = false;
+            if close.is_none() && wakes.reader.flag.woken.swap(false, AcqRel) {
+                read = true;
+                if let Poll::Ready(c) = reader.as_mut().poll(&mut Context::from_waker(&wakes.reader.waker)) {
                     close = Some(c);
                 }
             }
-            if !written && writer.as_mut().poll(cx).is_ready() {
+            if !written
+                && (wakes.writer.flag.woken.swap(false, AcqRel) || read)
+                && writer.as_mut().poll(&mut Context::from_waker(&wakes.writer.waker)).is_ready()
+            {
                 written = true;
             }
             match (close, written) {
@@ -385,6 +456,61 @@ pub(crate) async fn serve<T, S>(
     let close = if account.is_overflowed() { Close::Overflow } else { close };
     tracing::debug!(client = requester.affinity, "client connection closed ({close:?})");
     guard.close = Some(close);
+}
+
+/// The wakers of a connection's two halves: each marks its half as woken,
+/// then wakes the connection's task, which polls only the halves marked.
+struct HalfWakes {
+    reader: Half,
+    writer: Half,
+}
+
+struct Half {
+    flag: Arc<HalfFlag>,
+    waker: std::task::Waker,
+}
+
+struct HalfFlag {
+    /// Woken since its half was last polled (set at first: both halves
+    /// are polled in the task's first poll).
+    woken: AtomicBool,
+    /// The connection's task, as its last poll gave it.
+    task: Arc<std::sync::Mutex<Option<std::task::Waker>>>,
+}
+
+impl std::task::Wake for HalfFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Already marked: the task was woken by the mark, and has not
+        // polled this half since.
+        if !self.woken.swap(true, AcqRel) {
+            if let Some(task) = &*self.task.lock().unwrap_or_else(|e| e.into_inner()) {
+                task.wake_by_ref();
+            }
+        }
+    }
+}
+
+impl HalfWakes {
+    fn new() -> HalfWakes {
+        let task = Arc::new(std::sync::Mutex::new(None));
+        let half = || {
+            let flag = Arc::new(HalfFlag { woken: AtomicBool::new(true), task: task.clone() });
+            Half { waker: std::task::Waker::from(flag.clone()), flag }
+        };
+        HalfWakes { reader: half(), writer: half() }
+    }
+
+    /// Records the task's waker (it can change between polls).
+    fn task(&self, waker: &std::task::Waker) {
+        let mut task = self.reader.flag.task.lock().unwrap_or_else(|e| e.into_inner());
+        if !task.as_ref().is_some_and(|t| t.will_wake(waker)) {
+            *task = Some(waker.clone());
+        }
+    }
 }
 
 /// What a read gave.
@@ -445,7 +571,7 @@ async fn sleep_opt(d: Option<Duration>) {
 /// gathered into one write.
 fn poll_now(f: &mut PendingReply) -> Poll<Option<Out>> {
     let mut cx = Context::from_waker(std::task::Waker::noop());
-    f.as_mut().poll(&mut cx)
+    Pin::new(f).poll(&mut cx)
 }
 
 /// Writes all of `buf`, unless the client overflows its reply account

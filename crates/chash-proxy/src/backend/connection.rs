@@ -31,7 +31,7 @@ use super::framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Scan, Set
 use super::health::Health;
 use super::moving::switched;
 use super::open::{open, BoxRead, Opened};
-use super::request::{Address, BackendError, BackendSettings, Job, ReplyAccount, ReplyTx};
+use super::request::{Address, BackendError, BackendSettings, Job, ReplyTx};
 use crate::stats::{Histogram, PerWorker, ServerCounters};
 
 /// Requests a connection slot's queue holds before submitters wait.
@@ -69,7 +69,7 @@ fn unqueue(c: &ServerCounters, job: &Job) {
 /// Answers a queued request with an error.
 pub(super) fn fail(c: &ServerCounters, job: Job, err: &BackendError) {
     unqueue(c, &job);
-    let _ = job.reply.send(Err(err.clone()));
+    job.reply.send(Err(err.clone()));
 }
 
 /// Whether `deadline` has passed by `now`.
@@ -234,7 +234,6 @@ struct InFlight {
     /// `None` once answered early (timed out behind a stream): its reply is
     /// still read, and dropped.
     reply: Option<ReplyTx>,
-    account: Arc<ReplyAccount>,
     deadline: Option<Instant>,
     /// When it was written: the server's part of its latency starts here.
     sent: Instant,
@@ -254,8 +253,7 @@ impl InFlight {
     /// Answers it now (if not yet); it stays in line for its reply.
     fn answer(&mut self, result: Result<Reply, BackendError>) {
         let Some(tx) = self.reply.take() else { return };
-        let result = result.and_then(|reply| self.account.deliver(reply).ok_or(BackendError::Overflow));
-        let _ = tx.send(result);
+        tx.send(result);
     }
 }
 
@@ -270,7 +268,7 @@ async fn run_connection(opened: Opened, mut first: VecDeque<Job>, rx: &mut JobRe
     };
     let primary = primary.unwrap_or_default();
     let timeout = slot.settings.timeout;
-    let (inflight_tx, inflight_rx) = mpsc::unbounded_channel::<InFlight>();
+    let (inflight_tx, inflight_rx) = super::queue::channel::<InFlight>(usize::MAX);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<String>();
     let mut reader =
         tokio::spawn(read_replies(r, inflight_rx, stop_rx, timeout, slot.counters.clone(), slot.latency.clone()));
@@ -337,18 +335,10 @@ async fn run_connection(opened: Opened, mut first: VecDeque<Job>, rx: &mut JobRe
             let bytes = job.data.len() as u64;
             c.out_queue.fetch_add(1, Relaxed);
             c.out_queue_bytes.fetch_add(bytes, Relaxed);
-            let Job { framing, frames, reply, account, deadline, .. } = job;
-            let inflight = InFlight {
-                framing,
-                frames_left: frames,
-                got: None,
-                reply: Some(reply),
-                account,
-                deadline,
-                sent,
-                bytes,
-            };
-            if let Err(mpsc::error::SendError(f)) = inflight_tx.send(inflight) {
+            let Job { framing, frames, reply, deadline, .. } = job;
+            let inflight =
+                InFlight { framing, frames_left: frames, got: None, reply: Some(reply), deadline, sent, bytes };
+            if let Err(f) = inflight_tx.push(inflight) {
                 // The reader has ended: this request and the rest of the
                 // batch get the connection's loss.
                 let lost = BackendError::Closed("connection lost".into());
@@ -397,7 +387,7 @@ enum StreamError {
 /// The requests a connection's reader holds, in write order.
 struct Line {
     waiting: VecDeque<InFlight>,
-    inflight: mpsc::UnboundedReceiver<InFlight>,
+    inflight: super::queue::Receiver<InFlight>,
 }
 
 impl Line {
@@ -438,7 +428,7 @@ impl Line {
 /// connection ended, or `None` when the writer closed the channel.
 async fn read_replies(
     mut r: BoxRead,
-    inflight: mpsc::UnboundedReceiver<InFlight>,
+    inflight: super::queue::Receiver<InFlight>,
     mut stop: tokio::sync::oneshot::Receiver<String>,
     timeout: Option<Duration>,
     counters: Arc<PerWorker<ServerCounters>>,

@@ -31,7 +31,6 @@ use std::sync::Mutex;
 
 use bytes::Bytes;
 use chash::ServerLine;
-use tokio::sync::oneshot;
 
 pub(crate) use connection::sleep_until_opt;
 pub(crate) use framing::{Chunk, Large, Reply, ReplyStream, Scan, Setup};
@@ -40,11 +39,12 @@ pub(crate) use health::{FailureHook, Health};
 pub(crate) use moving::{Moving, Target};
 pub(crate) use open::{BoxRead, BoxWrite};
 pub use request::Address;
+pub(crate) use request::Pending;
 pub(crate) use request::{BackendError, BackendSettings, ReplyAccount, Requester};
 
 use crate::stats::{described, Desc, Histogram, HistogramValues, PerWorker, ServerCounters, ServerEvents};
 use crate::workers::Workers;
-use request::{Delivered, Job};
+use request::Job;
 
 /// A client's place among those blocked on a server
 /// ([`Server::try_block`]), given back when dropped.
@@ -55,11 +55,6 @@ impl Drop for Blocked {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Relaxed);
     }
-}
-
-/// A submitted request's reply.
-pub struct Pending {
-    rx: oneshot::Receiver<Result<Delivered, BackendError>>,
 }
 
 /// A server and its connections.
@@ -307,18 +302,18 @@ impl Server {
         requester: &Requester,
         deadline: Option<tokio::time::Instant>,
     ) -> Pending {
-        let (tx, rx) = oneshot::channel();
+        let (tx, pending) = requester.account.reserve();
         let c = self.counters();
         let len = data.len() as u64;
         c.requests.fetch_add(1, Relaxed);
         c.request_bytes.fetch_add(len, Relaxed);
         c.in_queue.fetch_add(1, Relaxed);
         c.in_queue_bytes.fetch_add(len, Relaxed);
-        let job = Job { data, framing, frames: frames.max(1), reply: tx, account: requester.account.clone(), deadline };
+        let job = Job { data, framing, frames: frames.max(1), reply: tx, deadline };
         if let Err(job) = queue.send(job).await {
             connection::fail(c, job, &BackendError::Gone);
         }
-        Pending { rx }
+        pending
     }
 
     /// `data` on every connection of the server (every dialect, every
@@ -434,11 +429,17 @@ impl Server {
     }
 
     /// Waits for a submitted request's reply and records the outcome.
-    pub async fn finish(&self, pending: Pending) -> Result<Reply, BackendError> {
-        let result = match pending.rx.await {
-            Ok(result) => result.map(Delivered::take),
-            Err(_) => Err(BackendError::Closed("connection reset".into())),
-        };
+    pub async fn finish(&self, mut pending: Pending) -> Result<Reply, BackendError> {
+        std::future::poll_fn(|cx| self.poll_finish(&mut pending, cx)).await
+    }
+
+    /// [`Server::finish`], polled.
+    pub fn poll_finish(
+        &self,
+        pending: &mut Pending,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Reply, BackendError>> {
+        let result = std::task::ready!(pending.poll_reply(cx));
         match &result {
             Ok(_) => self.health.succeeded(),
             Err(e) => {
@@ -449,7 +450,7 @@ impl Server {
                 }
             }
         }
-        result
+        std::task::Poll::Ready(result)
     }
 
     /// Forgets past failures and ends any connect back-off (when an

@@ -1,10 +1,12 @@
 //! A connection slot's request queue: many submitters (client sessions on
-//! the slot's worker thread, mostly), one receiver (the slot's task).
+//! the slot's worker thread, mostly), one receiver (the slot's task); and
+//! the same, without a bound, from a server connection's writer to its
+//! reader (the requests written, in order).
 //!
-//! What tokio's bounded mpsc channel did here, for less per request: a
-//! push or a pop is one uncontended lock of a `VecDeque` (every submitter
-//! and the slot run on one worker thread), the receiver is woken only when
-//! it waits, and submitters wait only when the queue is full.
+//! What tokio's mpsc channels did here, for less per request: a push or a
+//! pop is one uncontended lock of a `VecDeque` (every submitter and the
+//! slot run on one worker thread), the receiver is woken only when it
+//! waits, and submitters wait only when the queue is full.
 
 use std::collections::VecDeque;
 use std::future::poll_fn;
@@ -16,16 +18,16 @@ use tokio::sync::Notify;
 
 use super::request::Job;
 
-struct State {
-    jobs: VecDeque<Job>,
+struct State<T> {
+    jobs: VecDeque<T>,
     /// The receiver, when it waits for a job.
     waiting: Option<Waker>,
     /// The receiver is gone or closed: sends fail.
     closed: bool,
 }
 
-struct Shared {
-    state: Mutex<State>,
+struct Shared<T> {
+    state: Mutex<State<T>>,
     capacity: usize,
     /// Senders alive; at 0 the receiver sees the end once the queue is empty.
     senders: AtomicUsize,
@@ -34,8 +36,8 @@ struct Shared {
     room: Notify,
 }
 
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+impl<T> Shared<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<T>> {
         // A panic while locked cannot leave the queue inconsistent (every
         // change is one push or pop): carry on.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -43,7 +45,7 @@ impl Shared {
 }
 
 /// A queue of at most `capacity` jobs.
-pub(super) fn channel(capacity: usize) -> (JobSender, JobReceiver) {
+pub(super) fn channel<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     let shared = Arc::new(Shared {
         state: Mutex::new(State { jobs: VecDeque::new(), waiting: None, closed: false }),
         capacity: capacity.max(1),
@@ -51,20 +53,26 @@ pub(super) fn channel(capacity: usize) -> (JobSender, JobReceiver) {
         full: AtomicUsize::new(0),
         room: Notify::new(),
     });
-    (JobSender(shared.clone()), JobReceiver(shared))
+    (Sender(shared.clone()), Receiver(shared))
 }
 
-/// The submitting side.
-pub(super) struct JobSender(Arc<Shared>);
+/// A connection slot's request queue, submitting side.
+pub(super) type JobSender = Sender<Job>;
 
-impl Clone for JobSender {
-    fn clone(&self) -> JobSender {
+/// A connection slot's request queue, receiving side.
+pub(super) type JobReceiver = Receiver<Job>;
+
+/// The submitting side.
+pub(super) struct Sender<T>(Arc<Shared<T>>);
+
+impl<T> Clone for Sender<T> {
+    fn clone(&self) -> Sender<T> {
         self.0.senders.fetch_add(1, Relaxed);
-        JobSender(self.0.clone())
+        Sender(self.0.clone())
     }
 }
 
-impl Drop for JobSender {
+impl<T> Drop for Sender<T> {
     fn drop(&mut self) {
         if self.0.senders.fetch_sub(1, Relaxed) == 1 {
             let waker = self.0.lock().waiting.take();
@@ -75,10 +83,26 @@ impl Drop for JobSender {
     }
 }
 
-impl JobSender {
+impl<T> Sender<T> {
+    /// Queues `job` whether or not the queue is full (a queue without a
+    /// bound); the job back when the receiver is gone.
+    pub(super) fn push(&self, job: T) -> Result<(), T> {
+        let mut state = self.0.lock();
+        if state.closed {
+            return Err(job);
+        }
+        state.jobs.push_back(job);
+        let waker = state.waiting.take();
+        drop(state);
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(())
+    }
+
     /// Queues `job`, waiting while the queue is full; the job back when
     /// the receiver is gone.
-    pub(super) async fn send(&self, job: Job) -> Result<(), Job> {
+    pub(super) async fn send(&self, job: T) -> Result<(), T> {
         let mut job = Some(job);
         loop {
             let notified = self.0.room.notified();
@@ -123,9 +147,9 @@ pub(super) enum Empty {
 }
 
 /// The receiving side (the slot's task).
-pub(super) struct JobReceiver(Arc<Shared>);
+pub(super) struct Receiver<T>(Arc<Shared<T>>);
 
-impl Drop for JobReceiver {
+impl<T> Drop for Receiver<T> {
     /// Jobs still queued are dropped now (their requesters get a closed
     /// reply), as no one will take them.
     fn drop(&mut self) {
@@ -139,10 +163,10 @@ impl Drop for JobReceiver {
     }
 }
 
-impl JobReceiver {
+impl<T> Receiver<T> {
     /// The next job; `None` once every sender is gone and the queue is
     /// empty. Cancel-safe (a job is taken only when returned).
-    pub(super) async fn recv(&mut self) -> Option<Job> {
+    pub(super) async fn recv(&mut self) -> Option<T> {
         poll_fn(|cx| {
             let mut state = self.0.lock();
             if let Some(job) = state.jobs.pop_front() {
@@ -163,7 +187,7 @@ impl JobReceiver {
     }
 
     /// A job queued now, if any.
-    pub(super) fn try_recv(&mut self) -> Result<Job, Empty> {
+    pub(super) fn try_recv(&mut self) -> Result<T, Empty> {
         let job = self.0.lock().jobs.pop_front();
         match job {
             Some(job) => {
@@ -203,19 +227,11 @@ mod tests {
         }
     }
 
-    type Answer =
-        tokio::sync::oneshot::Receiver<Result<crate::backend::request::Delivered, crate::backend::BackendError>>;
+    type Answer = crate::backend::request::Pending;
 
     fn job(n: u8) -> (Job, Answer) {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let job = Job {
-            data: Bytes::from(vec![n]),
-            framing: &Any,
-            frames: 1,
-            reply: tx,
-            account: ReplyAccount::new(1 << 20),
-            deadline: None,
-        };
+        let (tx, rx) = ReplyAccount::new(1 << 20).reserve();
+        let job = Job { data: Bytes::from(vec![n]), framing: &Any, frames: 1, reply: tx, deadline: None };
         (job, rx)
     }
 
@@ -243,7 +259,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_closed_or_dropped_receiver_refuses_and_answers_what_waited() {
-        let (tx, mut rx) = channel(4);
+        let (tx, mut rx) = channel::<Job>(4);
         let (a, ra) = job(1);
         tx.send(a).await.ok().unwrap();
         rx.close();
@@ -256,12 +272,17 @@ mod tests {
         let (d, rd) = job(4);
         tx2.send(d).await.ok().unwrap();
         drop(rx2);
-        assert!(rd.await.is_err(), "a job queued when the receiver went is dropped: its requester hears at once");
+        let mut rd = rd;
+        let heard = std::future::poll_fn(|cx| rd.poll_reply(cx)).await;
+        assert!(
+            matches!(heard, Err(crate::backend::BackendError::Closed(_))),
+            "a job queued when the receiver went is dropped: its requester hears at once"
+        );
     }
 
     #[tokio::test]
     async fn a_waiting_receiver_wakes_on_a_send_and_on_the_last_sender_going() {
-        let (tx, mut rx) = channel(4);
+        let (tx, mut rx) = channel::<Job>(4);
         let waiter = tokio::spawn(async move {
             let first = rx.recv().await.map(|j| j.data);
             let end = rx.recv().await.is_none();

@@ -5,11 +5,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
 
 use super::framing::{Framing, Reply, Setup};
 
@@ -120,8 +120,15 @@ pub struct BackendSettings {
 /// servers and that it has not taken yet. Past its limit, further replies
 /// for it are dropped and it is told to close (a client that never reads
 /// cannot make the proxy hold more).
+///
+/// It is also where those replies wait: each request sent has a slot in
+/// its client's inbox, which its server connection fills
+/// ([`ReplyTx::send`]) and its client empties ([`Pending`]); slots are
+/// used again, so a request in the steady state allocates nothing for its
+/// reply's way back.
 #[derive(Debug)]
 pub struct ReplyAccount {
+    inbox: Mutex<Inbox>,
     held: AtomicUsize,
     limit: usize,
     overflowed: AtomicBool,
@@ -136,6 +143,7 @@ impl ReplyAccount {
     /// An account that overflows once it holds `limit` bytes.
     pub fn new(limit: usize) -> Arc<ReplyAccount> {
         Arc::new(ReplyAccount {
+            inbox: Mutex::new(Inbox::default()),
             held: AtomicUsize::new(0),
             limit: limit.max(1),
             overflowed: AtomicBool::new(false),
@@ -192,24 +200,82 @@ impl ReplyAccount {
         }
     }
 
-    /// A reply arrives for this account's client: counted until the client
-    /// takes it, or `None` (and the account overflows) when it already
-    /// holds its limit.
-    pub(super) fn deliver(self: &Arc<Self>, reply: Reply) -> Option<Delivered> {
-        if self.held.load(Relaxed) >= self.limit {
-            if !self.overflowed.swap(true, Relaxed) {
-                self.notify.notify_waiters();
+    /// A slot for one request's reply: the server's end and the client's.
+    pub(super) fn reserve(self: &Arc<Self>) -> (ReplyTx, Pending) {
+        let slot = {
+            let mut inbox = self.lock();
+            match inbox.free.pop() {
+                Some(i) => {
+                    inbox.slots[i as usize] = Slot::Waiting(None);
+                    i
+                }
+                None => {
+                    inbox.slots.push(Slot::Waiting(None));
+                    (inbox.slots.len() - 1) as u32
+                }
             }
-            return None;
-        }
-        let counted = accounted(&reply);
-        self.held.fetch_add(counted, Relaxed);
-        Some(Delivered { reply, counted, account: self.clone() })
+        };
+        (ReplyTx { account: Some(self.clone()), slot }, Pending { account: Some(self.clone()), slot })
     }
 
-    fn taken(&self, n: usize) {
-        self.held.fetch_sub(n, Relaxed);
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inbox> {
+        // Every change under the lock is one assignment: a panic cannot
+        // leave the inbox half-changed.
+        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// A reply arrives for slot `slot`: counted until the client takes it
+    /// (or an overflow error instead, and the account overflows, when it
+    /// already holds its limit).
+    fn deliver(&self, slot: u32, result: Result<Reply, BackendError>) {
+        let result = match result {
+            Ok(_) if self.held.load(Relaxed) >= self.limit => {
+                if !self.overflowed.swap(true, Relaxed) {
+                    self.notify.notify_waiters();
+                }
+                Err(BackendError::Overflow)
+            }
+            r => r,
+        };
+        let counted = result.as_ref().map_or(0, accounted);
+        let waker = {
+            let mut inbox = self.lock();
+            match std::mem::replace(&mut inbox.slots[slot as usize], Slot::Free) {
+                Slot::Waiting(waker) => {
+                    self.held.fetch_add(counted, Relaxed);
+                    inbox.slots[slot as usize] = Slot::Done(result, counted);
+                    waker
+                }
+                // The client stopped waiting: the reply is dropped.
+                _ => {
+                    inbox.free.push(slot);
+                    None
+                }
+            }
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
+/// Where a client's replies wait for it, by slot.
+#[derive(Debug, Default)]
+struct Inbox {
+    slots: Vec<Slot>,
+    /// Slots free for the next requests.
+    free: Vec<u32>,
+}
+
+#[derive(Debug)]
+enum Slot {
+    Free,
+    /// No reply yet; the client's waker once it has looked.
+    Waiting(Option<std::task::Waker>),
+    /// The reply, and the bytes it holds on the account.
+    Done(Result<Reply, BackendError>, usize),
+    /// The client stopped waiting before the reply came.
+    Abandoned,
 }
 
 /// Bytes a reply accounts for while it waits for its client (a stream's
@@ -221,29 +287,84 @@ fn accounted(reply: &Reply) -> usize {
     }
 }
 
-/// A reply sent towards its client, its bytes on the client's account
-/// until the client takes it ([`Delivered::take`]) or until it is dropped
-/// unread: a client that stopped waiting for it (the other parts of a
-/// multi-server request failed first, its connection closed) must not keep
-/// bytes on its account for ever, or its window would never open again.
-pub(super) struct Delivered {
-    reply: Reply,
-    counted: usize,
-    account: Arc<ReplyAccount>,
+/// The server's end of a request's reply slot. Dropped unsent (the
+/// request was dropped unanswered), its client hears the connection was
+/// reset.
+#[derive(Debug)]
+pub(super) struct ReplyTx {
+    account: Option<Arc<ReplyAccount>>,
+    slot: u32,
 }
 
-impl Delivered {
-    /// The reply, off the account.
-    pub(super) fn take(mut self) -> Reply {
-        self.account.taken(std::mem::take(&mut self.counted));
-        std::mem::replace(&mut self.reply, Reply::Whole(Bytes::new()))
+impl ReplyTx {
+    /// Sends the reply (or why there is none) to its client.
+    pub(super) fn send(mut self, result: Result<Reply, BackendError>) {
+        if let Some(account) = self.account.take() {
+            account.deliver(self.slot, result);
+        }
     }
 }
 
-impl Drop for Delivered {
+impl Drop for ReplyTx {
     fn drop(&mut self) {
-        if self.counted > 0 {
-            self.account.taken(self.counted);
+        if let Some(account) = self.account.take() {
+            account.deliver(self.slot, Err(BackendError::Closed("connection reset".into())));
+        }
+    }
+}
+
+/// A submitted request's reply, as its client waits for it. Dropped before
+/// the reply came, the reply is dropped when it comes (and its bytes are
+/// off the account at once if it came).
+#[derive(Debug)]
+pub struct Pending {
+    account: Option<Arc<ReplyAccount>>,
+    slot: u32,
+}
+
+impl Pending {
+    /// The reply, once it has come.
+    pub(super) fn poll_reply(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<Reply, BackendError>> {
+        let Some(account) = &self.account else {
+            return Poll::Ready(Err(BackendError::Closed("reply already taken".into())));
+        };
+        let mut inbox = account.lock();
+        let slot = &mut inbox.slots[self.slot as usize];
+        match slot {
+            Slot::Done(..) => {
+                let Slot::Done(result, counted) = std::mem::replace(slot, Slot::Free) else { unreachable!() };
+                inbox.free.push(self.slot);
+                drop(inbox);
+                account.held.fetch_sub(counted, Relaxed);
+                self.account = None;
+                Poll::Ready(result)
+            }
+            Slot::Waiting(waker) => {
+                match waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => *waker = Some(cx.waker().clone()),
+                }
+                Poll::Pending
+            }
+            Slot::Free | Slot::Abandoned => Poll::Ready(Err(BackendError::Closed("reply slot lost".into()))),
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(account) = self.account.take() else { return };
+        let mut inbox = account.lock();
+        let slot = &mut inbox.slots[self.slot as usize];
+        match std::mem::replace(slot, Slot::Abandoned) {
+            Slot::Done(_, counted) => {
+                *slot = Slot::Free;
+                inbox.free.push(self.slot);
+                drop(inbox);
+                account.held.fetch_sub(counted, Relaxed);
+            }
+            Slot::Waiting(_) | Slot::Abandoned => {}
+            Slot::Free => *slot = Slot::Free,
         }
     }
 }
@@ -262,9 +383,6 @@ pub struct Requester {
     pub dialect: usize,
 }
 
-/// Where a request's reply is sent.
-pub(super) type ReplyTx = oneshot::Sender<Result<Delivered, BackendError>>;
-
 /// One request on its way to a server.
 pub(super) struct Job {
     pub data: Bytes,
@@ -273,8 +391,92 @@ pub(super) struct Job {
     /// transaction's commands, sent and answered together).
     pub frames: usize,
     pub reply: ReplyTx,
-    pub account: Arc<ReplyAccount>,
     /// When it must have been answered (the pool's `timeout` from when it
     /// was submitted).
     pub deadline: Option<tokio::time::Instant>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+
+    async fn reply_of(p: &mut Pending) -> Result<Reply, BackendError> {
+        poll_fn(|cx| p.poll_reply(cx)).await
+    }
+
+    fn whole(r: Result<Reply, BackendError>) -> Bytes {
+        match r {
+            Ok(Reply::Whole(b)) => b,
+            Ok(Reply::Stream(_)) => panic!("a stream"),
+            Err(e) => panic!("an error: {e}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn replies_reach_their_own_slot_and_slots_are_used_again() {
+        let account = ReplyAccount::new(1 << 20);
+        let (tx1, mut p1) = account.reserve();
+        let (tx2, mut p2) = account.reserve();
+        // Answered out of order, each reaches its own request.
+        tx2.send(Ok(Reply::Whole(Bytes::from_static(b"two"))));
+        assert_eq!(account.held(), 3, "an arrived reply is on the account until taken");
+        tx1.send(Ok(Reply::Whole(Bytes::from_static(b"one"))));
+        assert_eq!(whole(reply_of(&mut p1).await), "one");
+        assert_eq!(whole(reply_of(&mut p2).await), "two");
+        assert_eq!(account.held(), 0);
+        // A thousand requests one after another use the same two slots.
+        for i in 0..1000u32 {
+            let (tx, mut p) = account.reserve();
+            tx.send(Ok(Reply::Whole(Bytes::from(i.to_string()))));
+            assert_eq!(whole(reply_of(&mut p).await), i.to_string());
+        }
+        assert_eq!(account.lock().slots.len(), 2, "slots are reused, not grown");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_client_is_woken_by_its_reply() {
+        let account = ReplyAccount::new(1 << 20);
+        let (tx, mut p) = account.reserve();
+        let waiter = tokio::spawn(async move { whole(reply_of(&mut p).await) });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished(), "no reply yet");
+        tx.send(Ok(Reply::Whole(Bytes::from_static(b"+OK\r\n"))));
+        assert_eq!(waiter.await.unwrap(), "+OK\r\n");
+    }
+
+    #[tokio::test]
+    async fn an_unanswered_request_is_heard_of_and_an_abandoned_reply_leaves_the_account() {
+        let account = ReplyAccount::new(1 << 20);
+        // The server's end dropped unanswered (its queue went away).
+        let (tx, mut p) = account.reserve();
+        drop(tx);
+        assert!(matches!(reply_of(&mut p).await, Err(BackendError::Closed(_))));
+        // The client stopped waiting, then the reply came: dropped, off
+        // the account, and the slot free again.
+        let (tx, p) = account.reserve();
+        drop(p);
+        tx.send(Ok(Reply::Whole(Bytes::from_static(b"late"))));
+        assert_eq!(account.held(), 0);
+        // The reply came, then the client stopped waiting: off the account.
+        let (tx, p) = account.reserve();
+        tx.send(Ok(Reply::Whole(Bytes::from_static(b"unread"))));
+        assert_eq!(account.held(), 6);
+        drop(p);
+        assert_eq!(account.held(), 0);
+        let inbox = account.lock();
+        assert_eq!(inbox.free.len(), inbox.slots.len(), "every slot free again");
+    }
+
+    #[tokio::test]
+    async fn a_reply_past_the_limit_is_an_overflow() {
+        let account = ReplyAccount::new(4);
+        let (tx1, mut p1) = account.reserve();
+        let (tx2, mut p2) = account.reserve();
+        tx1.send(Ok(Reply::Whole(Bytes::from_static(b"12345"))));
+        tx2.send(Ok(Reply::Whole(Bytes::from_static(b"6"))));
+        assert!(account.is_overflowed());
+        assert_eq!(whole(reply_of(&mut p1).await), "12345");
+        assert_eq!(reply_of(&mut p2).await.err(), Some(BackendError::Overflow));
+    }
 }

@@ -122,7 +122,7 @@ impl Session for MemcacheSession {
                     Request::Meta(m) => self.meta(m).await,
                     delete => self.single_key(delete).await,
                 };
-                Step::Reply(Box::pin(async move {
+                Step::Reply(crate::conn::later(async move {
                     let _ = deleted.await;
                     (!noreply).then(|| crate::conn::Out::Bytes(Bytes::from_static(TOO_LARGE)))
                 }))
@@ -240,13 +240,13 @@ impl MemcacheSession {
         let pool = self.pool.clone();
         if warm.is_none() && failover.is_none() && invalidation.is_none() {
             // The common case, in a future of its own: small to move.
-            return Box::pin(async move {
+            return crate::conn::later(async move {
                 let result = server.finish(pending).await;
                 drop(load);
                 meta_reply(&pool, &server, result, &m, to_mn)
             });
         }
-        Box::pin(async move {
+        crate::conn::later(async move {
             let mut result = server.finish(pending).await;
             drop(load);
             if let Some(i) = invalidation {
@@ -304,13 +304,13 @@ impl MemcacheSession {
         let pool = self.pool.clone();
         if invalidation.is_none() && failover.is_none() {
             // The common case, in a future of its own: small to move.
-            return Box::pin(async move {
+            return crate::conn::later(async move {
                 let result = server.finish(pending).await;
                 drop(load);
                 (!noreply).then(|| crate::conn::Out::Bytes(line_reply(&pool, &server, result, noreply)))
             });
         }
-        Box::pin(async move {
+        crate::conn::later(async move {
             let mut result = server.finish(pending).await;
             drop(load);
             if let Some(i) = invalidation {
@@ -341,7 +341,7 @@ impl MemcacheSession {
             waits.push((server, pending));
         }
         let pool = self.pool.clone();
-        Box::pin(async move {
+        crate::conn::later(async move {
             let reply = gather_replicas(&pool, waits).await;
             (!noreply).then_some(crate::conn::Out::Bytes(reply))
         })
@@ -440,7 +440,7 @@ impl MemcacheSession {
             waits.push((server, pending, again));
         }
         let pool = self.pool.clone();
-        Box::pin(async move {
+        crate::conn::later(async move {
             let mut results = Vec::with_capacity(waits.len());
             for (server, pending, again) in waits {
                 let result = server.finish(pending).await;

@@ -188,7 +188,7 @@ impl RedisSession {
         let pool = self.pool.clone();
         let requester = self.requester.clone();
         let null = self.null();
-        Box::pin(async move {
+        crate::conn::later(async move {
             for server in servers {
                 // A few draws per server: a key it holds a stale copy of
                 // is drawn again.

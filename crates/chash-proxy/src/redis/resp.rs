@@ -79,11 +79,15 @@ impl Default for RespLimits {
     }
 }
 
+/// A command's arguments, the name first: up to three (`GET key`, `SET
+/// key value`) held in place, more in a vector.
+pub type Args = smallvec::SmallVec<[Bytes; 3]>;
+
 /// A parsed client command: its arguments, the name first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Command {
     /// Arguments, `args[0]` being the command name as sent.
-    pub args: Vec<Bytes>,
+    pub args: Args,
     /// The frame as the client sent it, when it was a RESP array (forwarded
     /// as is when the command goes to one server unchanged).
     pub raw: Option<Bytes>,
@@ -110,8 +114,8 @@ impl Command {
     }
 
     /// A command from its arguments.
-    pub fn new(args: Vec<Bytes>) -> Command {
-        Command { args, raw: None }
+    pub fn new(args: impl Into<Args>) -> Command {
+        Command { args: args.into(), raw: None }
     }
 
     /// The command as a RESP array of bulk strings.

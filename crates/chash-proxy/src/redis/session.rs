@@ -14,7 +14,7 @@ use super::resp::{
     Skip, ARG_FRAMING, STREAMED, WHOLE,
 };
 use crate::backend::{BackendError, Pinned, Reply, Requester, Server};
-use crate::conn::{bytes_reply, ready_owned, Out, PendingReply, Session, Step};
+use crate::conn::{bytes_reply, later, ready_owned, Out, PendingReply, Session, Step};
 use crate::options::Shared;
 use crate::pool::Pool;
 
@@ -260,16 +260,10 @@ impl RedisSession {
             Route::Refused(why) => {
                 err(pool, format!("ERR '{}' is not supported by chash-proxy: {why}", cmd.name().to_ascii_lowercase()))
             }
-            Route::Key(position) => {
-                let key = cmd.args[position].clone();
-                self.forward(&key, cmd).await
-            }
-            Route::Keys(positions) if positions.len() == 1 => {
-                let key = cmd.args[positions[0]].clone();
-                self.forward(&key, cmd).await
-            }
+            Route::Key(position) => self.forward(&cmd.args[position], &cmd).await,
+            Route::Keys(positions) if positions.len() == 1 => self.forward(&cmd.args[positions[0]], &cmd).await,
             Route::Keys(positions) => match self.server_of_all(name, &cmd, &positions) {
-                Ok(server) => self.send(server, cmd).await,
+                Ok(server) => self.send(server, &cmd).await,
                 Err(refused) => refused,
             },
             Route::Blocking(positions) => match self.server_of_all(name, &cmd, &positions) {
@@ -334,7 +328,7 @@ impl RedisSession {
         let account = self.requester.account.clone();
         pool.counters().blocking_commands.fetch_add(1, Relaxed);
         let counted = BlockedClient::new(pool.clone());
-        Box::pin(async move {
+        crate::conn::later(async move {
             let _held = (place, counted);
             tokio::select! {
                 biased;
@@ -404,7 +398,7 @@ impl RedisSession {
         })
     }
 
-    async fn forward(&self, key: &[u8], cmd: Command) -> PendingReply {
+    async fn forward(&self, key: &[u8], cmd: &Command) -> PendingReply {
         let Some((mut server, load)) = self.pool.acquire(key) else {
             return ready_owned(forward_error(&self.pool, "ERR no live server in pool".into()));
         };
@@ -418,7 +412,7 @@ impl RedisSession {
         let reply = self.send(server, cmd).await;
         match load {
             // Bounded loads: the server's load is held until the reply.
-            Some(load) => Box::pin(async move {
+            Some(load) => later(async move {
                 let r = reply.await;
                 drop(load);
                 r
@@ -427,19 +421,9 @@ impl RedisSession {
         }
     }
 
-    async fn send(&self, server: Arc<Server>, cmd: Command) -> PendingReply {
+    async fn send(&self, server: Arc<Server>, cmd: &Command) -> PendingReply {
         let pending = server.submit(cmd.wire(), STREAMED, &self.requester).await;
-        let pool = self.pool.clone();
-        Box::pin(async move {
-            match server.finish(pending).await {
-                Ok(Reply::Whole(frame)) => Some(Out::Bytes(frame)),
-                Ok(Reply::Stream(stream)) => {
-                    pool.counters().streamed_replies.fetch_add(1, Relaxed);
-                    Some(Out::Stream(stream))
-                }
-                Err(e) => Some(Out::Bytes(backend_error(&pool, server.id(), &e))),
-            }
-        })
+        PendingReply::server(server, pending, self.pool.clone(), backend_error)
     }
 
     /// Splits a multi-key command by server: keys from argument `first`,
@@ -477,7 +461,7 @@ impl RedisSession {
             // client's key order already) comes back as the server sends it,
             // streamed when large.
             let server = groups.swap_remove(0).0;
-            return self.send(server, cmd).await;
+            return self.send(server, &cmd).await;
         }
         pool.counters().fragments.fetch_add(groups.len() as u64, Relaxed);
         let name = &cmd.args[0];

@@ -215,7 +215,7 @@ impl RedisSession {
             }
         }
         match stream {
-            Some(s) => Step::Reply(Box::pin(std::future::ready(Some(Out::Stream(s))))),
+            Some(s) => Step::Reply(crate::conn::PendingReply::Now(Some(Out::Stream(s)))),
             None => Step::Taken,
         }
     }
