@@ -393,9 +393,7 @@ struct Line {
 impl Line {
     /// Takes in what the writer has sent since.
     fn take_new(&mut self) {
-        while let Ok(f) = self.inflight.try_recv() {
-            self.waiting.push_back(f);
-        }
+        self.inflight.take_all(&mut self.waiting);
     }
 
     /// Answers every request with `err`, those not yet taken in too.

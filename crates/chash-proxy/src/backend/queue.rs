@@ -199,6 +199,21 @@ impl<T> Receiver<T> {
         }
     }
 
+    /// Every job queued now, moved to the end of `into` under one lock.
+    pub(super) fn take_all(&mut self, into: &mut VecDeque<T>) {
+        let mut state = self.0.lock();
+        if state.jobs.is_empty() {
+            return;
+        }
+        if into.is_empty() {
+            std::mem::swap(into, &mut state.jobs);
+        } else {
+            into.append(&mut state.jobs);
+        }
+        drop(state);
+        self.made_room();
+    }
+
     /// No more jobs are taken (sends fail); those queued can still be
     /// received.
     pub(super) fn close(&mut self) {

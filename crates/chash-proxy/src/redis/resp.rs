@@ -377,7 +377,7 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
     // Room for what is announced only as it arrives: a header alone
     // must not make the proxy allocate for a million arguments. Most
     // commands have a few arguments: their spans stay on the stack.
-    let mut spans = Spans::new((n as usize).min(1024));
+    let mut spans = Spans::with_capacity((n as usize).min(1024));
     for i in 0..n as usize {
         if pos >= buf.len() {
             return Some(Request::Incomplete);
@@ -420,50 +420,13 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         pos = start + len + 2;
     }
     let frame = buf.split_to(pos).freeze();
-    let args = spans.as_slice().iter().map(|&(s, l)| frame.slice(s..s + l)).collect();
+    let args = spans.iter().map(|&(s, l)| frame.slice(s..s + l)).collect();
     Some(Request::Command(Command { args, raw: Some(frame) }))
 }
 
-/// Where a command's arguments are in its frame: on the stack for up to
-/// [`Spans::INLINE`] arguments, else in a vector.
-enum Spans {
-    Inline([(usize, usize); Spans::INLINE], usize),
-    Heap(Vec<(usize, usize)>),
-}
-
-impl Spans {
-    const INLINE: usize = 8;
-
-    fn new(n: usize) -> Spans {
-        if n <= Spans::INLINE {
-            Spans::Inline([(0, 0); Spans::INLINE], 0)
-        } else {
-            Spans::Heap(Vec::with_capacity(n))
-        }
-    }
-
-    fn push(&mut self, span: (usize, usize)) {
-        match self {
-            Spans::Inline(a, len) if *len < Spans::INLINE => {
-                a[*len] = span;
-                *len += 1;
-            }
-            Spans::Inline(a, len) => {
-                let mut v = a[..*len].to_vec();
-                v.push(span);
-                *self = Spans::Heap(v);
-            }
-            Spans::Heap(v) => v.push(span),
-        }
-    }
-
-    fn as_slice(&self) -> &[(usize, usize)] {
-        match self {
-            Spans::Inline(a, len) => &a[..*len],
-            Spans::Heap(v) => v,
-        }
-    }
-}
+/// Where a command's arguments are in its frame (start, length): on the
+/// stack for up to 16 arguments (an `MGET` of 15 keys), else in a vector.
+type Spans = smallvec::SmallVec<[(usize, usize); 16]>;
 
 /// End (exclusive) of the frame starting at `pos`, if complete.
 fn frame_end(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, String> {

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
 use bytes::{Bytes, BytesMut};
 
 use super::command::{keys_of, route, Gather, Route};
@@ -434,8 +435,9 @@ impl RedisSession {
         let total = (cmd.args.len() - first) / step;
         // Each key's group (by server), and per group its server, how many
         // keys and about how many bytes its command takes.
-        let mut group_of: Vec<u16> = Vec::with_capacity(total);
-        let mut groups: Vec<(Arc<Server>, usize, usize)> = Vec::new();
+        // Held in place for the common sizes: nothing allocated for them.
+        let mut group_of: SmallVec<[u16; 32]> = SmallVec::with_capacity(total);
+        let mut groups: SmallVec<[(Arc<Server>, usize, usize); 8]> = SmallVec::new();
         for at in (first..cmd.args.len()).step_by(step) {
             let Some(server) = state.server_for(&cmd.args[at]) else {
                 return ready_owned(forward_error(pool, "ERR no live server in pool".into()));
@@ -465,11 +467,14 @@ impl RedisSession {
         }
         pool.counters().fragments.fetch_add(groups.len() as u64, Relaxed);
         let name = &cmd.args[0];
-        let mut waits = Vec::with_capacity(groups.len());
-        for (g, (server, keys, bytes)) in groups.into_iter().enumerate() {
+        let mut waits: SmallVec<[_; 8]> = SmallVec::with_capacity(groups.len());
+        // Every group's command in one buffer, each split off as it is
+        // framed: one allocation for them all.
+        let room: usize = groups.iter().map(|g| g.2 + name.len() + 2 * ARG_FRAMING).sum();
+        let mut out = BytesMut::with_capacity(room);
+        for (g, (server, keys, _)) in groups.into_iter().enumerate() {
             // The group's command, framed here once: the name, then its keys
             // (each with its values) in the client's order.
-            let mut out = BytesMut::with_capacity(bytes + name.len() + 2 * ARG_FRAMING);
             put_len(&mut out, b'*', 1 + keys * step);
             put_bulk(&mut out, name);
             for (k, _) in group_of.iter().enumerate().filter(|(_, &of)| usize::from(of) == g) {
@@ -478,7 +483,7 @@ impl RedisSession {
                     put_bulk(&mut out, a);
                 }
             }
-            let pending = server.submit(out.freeze(), WHOLE, &self.requester).await;
+            let pending = server.submit(out.split().freeze(), WHOLE, &self.requester).await;
             waits.push((server, pending, keys));
         }
         let pool = pool.clone();
@@ -486,7 +491,7 @@ impl RedisSession {
         bytes_reply(async move {
             // Each group's reply and where its next item starts, taken in
             // the client's key order.
-            let mut parts: Vec<(Bytes, usize)> = Vec::with_capacity(waits.len());
+            let mut parts: SmallVec<[(Bytes, usize); 8]> = SmallVec::with_capacity(waits.len());
             let mut size = 16;
             let mut sum = 0i64;
             for (server, pending, keys) in waits {
