@@ -258,50 +258,57 @@ impl Server {
     /// The pool's `timeout` starts now: the connection answers the request
     /// by then whatever it is doing (connecting, failing its set-up,
     /// waiting behind other requests or a streamed reply).
-    pub async fn submit(&self, data: Bytes, framing: &'static dyn Framing, requester: &Requester) -> Pending {
-        self.submit_frames(data, framing, 1, requester).await
+    pub fn submit<'a>(
+        &'a self,
+        data: Bytes,
+        framing: &'static dyn Framing,
+        requester: &'a Requester,
+    ) -> impl std::future::Future<Output = Pending> + Send + 'a {
+        self.submit_frames(data, framing, 1, requester)
     }
 
     /// As [`Server::submit`], for `data` holding several requests that go
     /// out together on one connection, nothing between them: their
     /// `frames` replies come back as one reply, in order (a transaction).
-    pub async fn submit_frames(
-        &self,
+    pub fn submit_frames<'a>(
+        &'a self,
         data: Bytes,
         framing: &'static dyn Framing,
         frames: usize,
-        requester: &Requester,
-    ) -> Pending {
+        requester: &'a Requester,
+    ) -> impl std::future::Future<Output = Pending> + Send + 'a {
         let by_worker = &self.queues[requester.dialect.min(self.queues.len() - 1)];
         let queues = &by_worker[crate::workers::current_index() % by_worker.len()];
-        self.enqueue(&queues[requester.affinity % queues.len()], data, framing, frames, requester).await
+        self.enqueue(&queues[requester.affinity % queues.len()], data, framing, frames, requester)
     }
 
     /// Queues a request on one connection's queue, to be answered by the
     /// pool's timeout.
-    async fn enqueue(
-        &self,
-        queue: &queue::JobSender,
+    fn enqueue<'a>(
+        &'a self,
+        queue: &'a queue::JobSender,
         data: Bytes,
         framing: &'static dyn Framing,
         frames: usize,
         requester: &Requester,
-    ) -> Pending {
+    ) -> impl std::future::Future<Output = Pending> + Send + 'a {
         let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
-        self.enqueue_until(queue, data, framing, frames, requester, deadline).await
+        self.enqueue_until(queue, data, framing, frames, requester, deadline)
     }
 
     /// Queues a request, to be answered by `deadline` (`None`: whenever
-    /// the server answers).
-    async fn enqueue_until(
-        &self,
-        queue: &queue::JobSender,
+    /// the server answers). Queued at once when there is room (almost
+    /// always): the future returned only waits for room when the
+    /// connection's queue is full.
+    fn enqueue_until<'a>(
+        &'a self,
+        queue: &'a queue::JobSender,
         data: Bytes,
         framing: &'static dyn Framing,
         frames: usize,
         requester: &Requester,
         deadline: Option<tokio::time::Instant>,
-    ) -> Pending {
+    ) -> impl std::future::Future<Output = Pending> + Send + 'a {
         let (tx, pending) = requester.account.reserve();
         let c = self.counters();
         let len = data.len() as u64;
@@ -310,10 +317,21 @@ impl Server {
         c.in_queue.fetch_add(1, Relaxed);
         c.in_queue_bytes.fetch_add(len, Relaxed);
         let job = Job { data, framing, frames: frames.max(1), reply: tx, deadline };
-        if let Err(job) = queue.send(job).await {
-            connection::fail(c, job, &BackendError::Gone);
+        let waiting = match queue.try_send(job) {
+            Ok(full) => full,
+            Err(job) => {
+                connection::fail(c, job, &BackendError::Gone);
+                None
+            }
+        };
+        async move {
+            if let Some(job) = waiting {
+                if let Err(job) = queue.send(job).await {
+                    connection::fail(self.counters(), job, &BackendError::Gone);
+                }
+            }
+            pending
         }
-        pending
     }
 
     /// `data` on every connection of the server (every dialect, every

@@ -100,6 +100,27 @@ impl<T> Sender<T> {
         Ok(())
     }
 
+    /// Queues `job` if there is room now: `Ok(None)`; `Ok(Some(job))`
+    /// when the queue is full (for [`Sender::send`]); `Err(job)` when the
+    /// receiver is gone.
+    pub(super) fn try_send(&self, job: T) -> Result<Option<T>, T> {
+        let mut state = self.0.lock();
+        if state.closed {
+            return Err(job);
+        }
+        if state.jobs.len() >= self.0.capacity || self.0.full.load(Relaxed) > 0 {
+            // Full, or others wait for room first: in line behind them.
+            return Ok(Some(job));
+        }
+        state.jobs.push_back(job);
+        let waker = state.waiting.take();
+        drop(state);
+        if let Some(w) = waker {
+            w.wake();
+        }
+        Ok(None)
+    }
+
     /// Queues `job`, waiting while the queue is full; the job back when
     /// the receiver is gone.
     pub(super) async fn send(&self, job: T) -> Result<(), T> {

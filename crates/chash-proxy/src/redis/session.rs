@@ -5,8 +5,8 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use smallvec::SmallVec;
 use bytes::{Bytes, BytesMut};
+use smallvec::SmallVec;
 
 use super::command::{keys_of, route, Gather, Route};
 use super::errors::{arity, backend_error, err, forward_error};
