@@ -168,6 +168,9 @@ fn proxy_primary(p: &Proxy, group: &str) -> Option<String> {
 /// A write's outcome.
 #[derive(Clone, Copy)]
 struct Outcome {
+    /// When the request was sent.
+    sent: Instant,
+    /// When its reply (or failure) was read.
     at: Instant,
     ok: bool,
     version: u64,
@@ -231,6 +234,7 @@ fn write_loop(t: usize, addr: &str, stop: &AtomicBool, log: &Mutex<HashMap<Strin
             let Some((w, r)) = conn.as_mut() else { continue };
             let value = version.to_string();
             log.lock().unwrap().entry(key.clone()).or_default().sent = version;
+            let sent = Instant::now();
             let cmd = format!("*3\r\n$3\r\nSET\r\n${}\r\n{key}\r\n${}\r\n{value}\r\n", key.len(), value.len());
             let mut line = String::new();
             let ok = w.write_all(cmd.as_bytes()).is_ok() && r.read_line(&mut line).is_ok_and(|n| n > 0);
@@ -243,7 +247,7 @@ fn write_loop(t: usize, addr: &str, stop: &AtomicBool, log: &Mutex<HashMap<Strin
             if acked {
                 entry.acked = version;
             }
-            entry.outcomes.push(Outcome { at: Instant::now(), ok: acked, version });
+            entry.outcomes.push(Outcome { sent, at: Instant::now(), ok: acked, version });
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -259,9 +263,11 @@ fn groups_of(config: &std::path::Path, keys: &[&String]) -> HashMap<String, Stri
 
 /// Every key holds a version at least its last acknowledged one (and no
 /// more than the last sent), read from its group's primary; with `since`,
-/// only writes acknowledged after it must be there (those a killed primary
-/// acknowledged before it died may not have reached a replica: Redis
-/// replicates asynchronously), and those missing are counted.
+/// only acknowledged writes sent after it must be there (those a killed
+/// primary acknowledged before it died may not have reached a replica:
+/// Redis replicates asynchronously; such a reply can be read after the
+/// kill, so what counts is when the write was sent), and those missing are
+/// counted.
 fn nothing_acknowledged_lost(
     fleet: &Fleet,
     config: &std::path::Path,
@@ -282,7 +288,7 @@ fn nothing_acknowledged_lost(
         };
         let required = match since {
             None => l.acked,
-            Some(t) => l.outcomes.iter().filter(|o| o.ok && o.at > t).map(|o| o.version).max().unwrap_or(0),
+            Some(t) => l.outcomes.iter().filter(|o| o.ok && o.sent > t).map(|o| o.version).max().unwrap_or(0),
         };
         assert!(
             got >= required && got <= l.sent,
@@ -404,13 +410,17 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
     let old = fleet.primary("g2");
     let started = Instant::now();
     fleet.group("g2").by_id(&old).signal("-KILL");
+    // Sent after this, a write cannot have reached the killed primary
+    // (kill(2) has returned); one sent before may have been acknowledged
+    // by it, unreplicated, and its reply read after.
+    let killed = Instant::now();
     eventually(40, "the Sentinels name g2's new primary", || fleet.primary("g2") != old);
     let new = fleet.primary("g2");
     let switched = switched_to(&proxies, "g2", &new);
     std::thread::sleep(Duration::from_millis(1000));
     let log = writers.finish();
     let placed = groups_of(&config, &log.keys().collect::<Vec<_>>());
-    let (checked, lost_before) = nothing_acknowledged_lost(&fleet, &config, &log, Some(started));
+    let (checked, lost_before) = nothing_acknowledged_lost(&fleet, &config, &log, Some(killed));
     assert_eq!(checked, 200);
     // At most the writes in flight when it died (one per writer).
     assert!(lost_before <= 20, "{lost_before} keys lost writes the killed primary acknowledged");
