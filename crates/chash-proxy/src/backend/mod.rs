@@ -317,13 +317,7 @@ impl Server {
         c.in_queue.fetch_add(1, Relaxed);
         c.in_queue_bytes.fetch_add(len, Relaxed);
         let job = Job { data, framing, frames: frames.max(1), reply: tx, deadline };
-        let waiting = match queue.try_send(job) {
-            Ok(full) => full,
-            Err(job) => {
-                connection::fail(c, job, &BackendError::Gone);
-                None
-            }
-        };
+        let waiting = queue.try_send(job);
         async move {
             if let Some(job) = waiting {
                 if let Err(job) = queue.send(job).await {

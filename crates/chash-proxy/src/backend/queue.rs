@@ -87,38 +87,24 @@ impl<T> Sender<T> {
     /// Queues `job` whether or not the queue is full (a queue without a
     /// bound); the job back when the receiver is gone.
     pub(super) fn push(&self, job: T) -> Result<(), T> {
-        let mut state = self.0.lock();
+        let state = self.0.lock();
         if state.closed {
             return Err(job);
         }
-        state.jobs.push_back(job);
-        let waker = state.waiting.take();
-        drop(state);
-        if let Some(w) = waker {
-            w.wake();
-        }
+        self.queue(state, job);
         Ok(())
     }
 
-    /// Queues `job` if there is room now: `Ok(None)`; `Ok(Some(job))`
-    /// when the queue is full (for [`Sender::send`]); `Err(job)` when the
-    /// receiver is gone.
-    pub(super) fn try_send(&self, job: T) -> Result<Option<T>, T> {
-        let mut state = self.0.lock();
-        if state.closed {
-            return Err(job);
+    /// Queues `job` if there is room now and no one waits for room before
+    /// it: `None`; else the job back, for [`Sender::send`] (which waits
+    /// for room, or says the receiver is gone).
+    pub(super) fn try_send(&self, job: T) -> Option<T> {
+        let state = self.0.lock();
+        if state.closed || state.jobs.len() >= self.0.capacity || self.0.full.load(Relaxed) > 0 {
+            return Some(job);
         }
-        if state.jobs.len() >= self.0.capacity || self.0.full.load(Relaxed) > 0 {
-            // Full, or others wait for room first: in line behind them.
-            return Ok(Some(job));
-        }
-        state.jobs.push_back(job);
-        let waker = state.waiting.take();
-        drop(state);
-        if let Some(w) = waker {
-            w.wake();
-        }
-        Ok(None)
+        self.queue(state, job);
+        None
     }
 
     /// Queues `job`, waiting while the queue is full; the job back when
@@ -129,17 +115,12 @@ impl<T> Sender<T> {
             let notified = self.0.room.notified();
             tokio::pin!(notified);
             {
-                let mut state = self.0.lock();
+                let state = self.0.lock();
                 if state.closed {
                     return Err(job.take().expect("a job"));
                 }
                 if state.jobs.len() < self.0.capacity {
-                    state.jobs.push_back(job.take().expect("a job"));
-                    let waker = state.waiting.take();
-                    drop(state);
-                    if let Some(w) = waker {
-                        w.wake();
-                    }
+                    self.queue(state, job.take().expect("a job"));
                     return Ok(());
                 }
                 // Registered before the lock is let go: a pop after it
@@ -149,6 +130,17 @@ impl<T> Sender<T> {
             }
             notified.await;
             self.0.full.fetch_sub(1, Relaxed);
+        }
+    }
+
+    /// Puts `job` at the end of the queue `state` holds locked, and wakes
+    /// the receiver if it waits.
+    fn queue(&self, mut state: std::sync::MutexGuard<'_, State<T>>, job: T) {
+        state.jobs.push_back(job);
+        let waker = state.waiting.take();
+        drop(state);
+        if let Some(w) = waker {
+            w.wake();
         }
     }
 

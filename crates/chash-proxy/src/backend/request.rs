@@ -267,6 +267,20 @@ struct Inbox {
     free: Vec<u32>,
 }
 
+impl Inbox {
+    /// The reply in slot `i`, if it has come: taken out, and the slot free
+    /// again.
+    fn release(&mut self, i: u32) -> Option<(Result<Reply, BackendError>, usize)> {
+        let slot = &mut self.slots[i as usize];
+        if !matches!(slot, Slot::Done(..)) {
+            return None;
+        }
+        let Slot::Done(result, counted) = std::mem::replace(slot, Slot::Free) else { return None };
+        self.free.push(i);
+        Some((result, counted))
+    }
+}
+
 #[derive(Debug)]
 enum Slot {
     Free,
@@ -329,16 +343,13 @@ impl Pending {
             return Poll::Ready(Err(BackendError::Closed("reply already taken".into())));
         };
         let mut inbox = account.lock();
-        let slot = &mut inbox.slots[self.slot as usize];
-        match slot {
-            Slot::Done(..) => {
-                let Slot::Done(result, counted) = std::mem::replace(slot, Slot::Free) else { unreachable!() };
-                inbox.free.push(self.slot);
-                drop(inbox);
-                account.held.fetch_sub(counted, Relaxed);
-                self.account = None;
-                Poll::Ready(result)
-            }
+        if let Some((result, counted)) = inbox.release(self.slot) {
+            drop(inbox);
+            account.held.fetch_sub(counted, Relaxed);
+            self.account = None;
+            return Poll::Ready(result);
+        }
+        match &mut inbox.slots[self.slot as usize] {
             Slot::Waiting(waker) => {
                 match waker {
                     Some(w) if w.will_wake(cx.waker()) => {}
@@ -346,7 +357,7 @@ impl Pending {
                 }
                 Poll::Pending
             }
-            Slot::Free | Slot::Abandoned => Poll::Ready(Err(BackendError::Closed("reply slot lost".into()))),
+            _ => Poll::Ready(Err(BackendError::Closed("reply slot lost".into()))),
         }
     }
 }
@@ -355,16 +366,12 @@ impl Drop for Pending {
     fn drop(&mut self) {
         let Some(account) = self.account.take() else { return };
         let mut inbox = account.lock();
-        let slot = &mut inbox.slots[self.slot as usize];
-        match std::mem::replace(slot, Slot::Abandoned) {
-            Slot::Done(_, counted) => {
-                *slot = Slot::Free;
-                inbox.free.push(self.slot);
-                drop(inbox);
-                account.held.fetch_sub(counted, Relaxed);
-            }
-            Slot::Waiting(_) | Slot::Abandoned => {}
-            Slot::Free => *slot = Slot::Free,
+        if let Some((_, counted)) = inbox.release(self.slot) {
+            drop(inbox);
+            account.held.fetch_sub(counted, Relaxed);
+        } else if let slot @ Slot::Waiting(_) = &mut inbox.slots[self.slot as usize] {
+            // Its reply is dropped when it comes ([`ReplyAccount::deliver`]).
+            *slot = Slot::Abandoned;
         }
     }
 }

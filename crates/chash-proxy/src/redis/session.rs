@@ -329,7 +329,7 @@ impl RedisSession {
         let account = self.requester.account.clone();
         pool.counters().blocking_commands.fetch_add(1, Relaxed);
         let counted = BlockedClient::new(pool.clone());
-        crate::conn::later(async move {
+        later(async move {
             let _held = (place, counted);
             tokio::select! {
                 biased;
