@@ -270,10 +270,16 @@ impl Flow {
         self.outstanding.load(Relaxed) < self.window() && account.held() < self.budget
     }
 
+    /// Whether another request may be taken now (else
+    /// [`Flow::wait_room`] waits, or says the client is to be closed).
+    fn room_now(&self, account: &ReplyAccount) -> bool {
+        self.has_room(account) && !account.is_overflowed() && !self.closed.load(Relaxed)
+    }
+
     /// Waits until another request may be taken; false if the client
     /// overflowed or its replies can no longer be written meanwhile.
     async fn wait_room(&self, account: &ReplyAccount) -> bool {
-        if self.has_room(account) && !account.is_overflowed() && !self.closed.load(Relaxed) {
+        if self.room_now(account) {
             return true;
         }
         loop {
@@ -393,7 +399,7 @@ pub(crate) async fn serve<T, S>(
                 Read::End(close) => break close,
             }
             loop {
-                if !flow.wait_room(&account).await {
+                if !flow.room_now(&account) && !flow.wait_room(&account).await {
                     break 'conn if account.is_overflowed() { Close::Overflow } else { Close::Error };
                 }
                 let (reply, close) = match session.next(&mut buf).await {

@@ -278,8 +278,11 @@ async fn run_connection(opened: Opened, mut first: VecDeque<Job>, rx: &mut JobRe
         Ok(None) => Ended::Error("reader finished".into()),
         Err(e) => Ended::Error(format!("reader task: {e}")),
     };
+    // The batch's requests; the vector is kept from batch to batch.
+    let mut jobs: Vec<Job> = Vec::with_capacity(64);
+    let mut written: VecDeque<InFlight> = VecDeque::with_capacity(64);
     loop {
-        let mut jobs: Vec<Job> = first.drain(..).collect();
+        jobs.extend(first.drain(..));
         if jobs.is_empty() {
             let job = tokio::select! {
                 biased;
@@ -328,26 +331,34 @@ async fn run_connection(opened: Opened, mut first: VecDeque<Job>, rx: &mut JobRe
         batch.clear();
         let c = slot.counters.local();
         let sent = Instant::now();
-        let mut jobs = jobs.into_iter();
-        while let Some(job) = jobs.next() {
+        let (count, bytes) = (jobs.len() as u64, bytes as u64);
+        for job in jobs.drain(..) {
             batch.extend_from_slice(&job.data);
-            unqueue(c, &job);
-            let bytes = job.data.len() as u64;
-            c.out_queue.fetch_add(1, Relaxed);
-            c.out_queue_bytes.fetch_add(bytes, Relaxed);
-            let Job { framing, frames, reply, deadline, .. } = job;
-            let inflight =
-                InFlight { framing, frames_left: frames, got: None, reply: Some(reply), deadline, sent, bytes };
-            if let Err(f) = inflight_tx.push(inflight) {
-                // The reader has ended: this request and the rest of the
-                // batch get the connection's loss.
-                let lost = BackendError::Closed("connection lost".into());
+            let Job { framing, frames, reply, deadline, data } = job;
+            let bytes = data.len() as u64;
+            written.push_back(InFlight {
+                framing,
+                frames_left: frames,
+                got: None,
+                reply: Some(reply),
+                deadline,
+                sent,
+                bytes,
+            });
+        }
+        // Off the in-queue gauges, onto the out-queue ones, once a batch.
+        c.in_queue.fetch_sub(count, Relaxed);
+        c.in_queue_bytes.fetch_sub(bytes, Relaxed);
+        c.out_queue.fetch_add(count, Relaxed);
+        c.out_queue_bytes.fetch_add(bytes, Relaxed);
+        // Handed to the reader under one lock.
+        if inflight_tx.push_all(&mut written).is_err() {
+            // The reader has ended: the batch gets the connection's loss.
+            let lost = BackendError::Closed("connection lost".into());
+            for f in written.drain(..) {
                 f.settle(c, Err(lost.clone()));
-                for job in jobs.by_ref() {
-                    fail(c, job, &lost);
-                }
-                return Some(ended_by_reader(reader.await));
             }
+            return Some(ended_by_reader(reader.await));
         }
         let write = w.write_all(&batch);
         let result = match timeout {
@@ -436,8 +447,16 @@ async fn read_replies(
     let mut line = Line { waiting: VecDeque::new(), inflight };
     let c = counters.local();
     loop {
-        line.take_new();
-        while let Some(front) = line.waiting.front() {
+        // Read once per pass: every reply of one read arrived together.
+        let mut now: Option<Instant> = None;
+        loop {
+            // Only the front is needed: what the writer sent since is
+            // taken in when the line runs out (its queue swapped in whole,
+            // nothing copied).
+            if line.waiting.is_empty() {
+                line.take_new();
+            }
+            let Some(front) = line.waiting.front() else { break };
             let framing = front.framing;
             match framing.parse(&mut buf) {
                 Frame::Done(reply) if front.frames_left > 1 => {
@@ -456,7 +475,8 @@ async fn read_replies(
                             }
                             None => reply,
                         };
-                        latency.local().observe(f.sent.elapsed());
+                        let now = *now.get_or_insert_with(Instant::now);
+                        latency.local().observe(now.saturating_duration_since(f.sent));
                         c.responses.fetch_add(1, Relaxed);
                         c.response_bytes.fetch_add(reply.len() as u64, Relaxed);
                         f.settle(c, Ok(Reply::Whole(reply)));

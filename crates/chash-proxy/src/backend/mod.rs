@@ -39,12 +39,11 @@ pub(crate) use health::{FailureHook, Health};
 pub(crate) use moving::{Moving, Target};
 pub(crate) use open::{BoxRead, BoxWrite};
 pub use request::Address;
-pub(crate) use request::Pending;
 pub(crate) use request::{BackendError, BackendSettings, ReplyAccount, Requester};
+pub(crate) use request::{Job, Pending};
 
 use crate::stats::{described, Desc, Histogram, HistogramValues, PerWorker, ServerCounters, ServerEvents};
 use crate::workers::Workers;
-use request::Job;
 
 /// A client's place among those blocked on a server
 /// ([`Server::try_block`]), given back when dropped.
@@ -80,6 +79,15 @@ pub struct Server {
 /// Idle pinned connections a server keeps per dialect for the next client
 /// that needs one; more are closed when released.
 const IDLE_PINNED: usize = 16;
+
+/// What [`Server::submit_now`] did with a request.
+pub(crate) enum Submitted {
+    /// Queued: its reply comes to this.
+    Queued(Pending),
+    /// Not queued, the connection's queue being full: for
+    /// [`Server::submit_waiting`]; its reply comes to the `Pending`.
+    Full(Box<Job>, Pending),
+}
 
 /// A server connection of one client's own (Redis `WATCH` ... `EXEC`):
 /// nothing of another client's goes on it, and it never reconnects behind
@@ -277,9 +285,53 @@ impl Server {
         frames: usize,
         requester: &'a Requester,
     ) -> impl std::future::Future<Output = Pending> + Send + 'a {
+        self.enqueue(self.queue_of(requester), data, framing, frames, requester)
+    }
+
+    /// As [`Server::submit`] without a future: queued now when the
+    /// connection's queue has room (almost always); else the request back,
+    /// for [`Server::submit_waiting`], which waits for room.
+    pub(crate) fn submit_now(&self, data: Bytes, framing: &'static dyn Framing, requester: &Requester) -> Submitted {
+        let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
+        let (job, pending) = self.job(data, framing, 1, requester, deadline);
+        match self.queue_of(requester).try_send(job) {
+            None => Submitted::Queued(pending),
+            Some(job) => Submitted::Full(Box::new(job), pending),
+        }
+    }
+
+    /// Queues a request [`Server::submit_now`] gave back, waiting for room;
+    /// its `pending` is answered either way.
+    pub(crate) async fn submit_waiting(&self, job: Box<Job>, requester: &Requester) {
+        if let Err(job) = self.queue_of(requester).send(*job).await {
+            connection::fail(self.counters(), job, &BackendError::Gone);
+        }
+    }
+
+    /// The connection queue of `requester`'s requests on this worker.
+    fn queue_of(&self, requester: &Requester) -> &queue::JobSender {
         let by_worker = &self.queues[requester.dialect.min(self.queues.len() - 1)];
         let queues = &by_worker[crate::workers::current_index() % by_worker.len()];
-        self.enqueue(&queues[requester.affinity % queues.len()], data, framing, frames, requester)
+        &queues[requester.affinity % queues.len()]
+    }
+
+    /// A request's job and the reply it will get, counted as submitted.
+    fn job(
+        &self,
+        data: Bytes,
+        framing: &'static dyn Framing,
+        frames: usize,
+        requester: &Requester,
+        deadline: Option<tokio::time::Instant>,
+    ) -> (Job, Pending) {
+        let (tx, pending) = requester.account.reserve();
+        let c = self.counters();
+        let len = data.len() as u64;
+        c.requests.fetch_add(1, Relaxed);
+        c.request_bytes.fetch_add(len, Relaxed);
+        c.in_queue.fetch_add(1, Relaxed);
+        c.in_queue_bytes.fetch_add(len, Relaxed);
+        (Job { data, framing, frames: frames.max(1), reply: tx, deadline }, pending)
     }
 
     /// Queues a request on one connection's queue, to be answered by the
@@ -309,14 +361,7 @@ impl Server {
         requester: &Requester,
         deadline: Option<tokio::time::Instant>,
     ) -> impl std::future::Future<Output = Pending> + Send + 'a {
-        let (tx, pending) = requester.account.reserve();
-        let c = self.counters();
-        let len = data.len() as u64;
-        c.requests.fetch_add(1, Relaxed);
-        c.request_bytes.fetch_add(len, Relaxed);
-        c.in_queue.fetch_add(1, Relaxed);
-        c.in_queue_bytes.fetch_add(len, Relaxed);
-        let job = Job { data, framing, frames: frames.max(1), reply: tx, deadline };
+        let (job, pending) = self.job(data, framing, frames, requester, deadline);
         let waiting = queue.try_send(job);
         async move {
             if let Some(job) = waiting {

@@ -84,14 +84,28 @@ impl<T> Drop for Sender<T> {
 }
 
 impl<T> Sender<T> {
-    /// Queues `job` whether or not the queue is full (a queue without a
-    /// bound); the job back when the receiver is gone.
-    pub(super) fn push(&self, job: T) -> Result<(), T> {
-        let state = self.0.lock();
+    /// Queues every job of `jobs` (emptied) under one lock, whether or not
+    /// the queue is full (a queue without a bound); an error, `jobs` left
+    /// as they were, when the receiver is gone.
+    pub(super) fn push_all(&self, jobs: &mut VecDeque<T>) -> Result<(), ()> {
+        let mut state = self.0.lock();
         if state.closed {
-            return Err(job);
+            return Err(());
         }
-        self.queue(state, job);
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        if state.jobs.is_empty() {
+            // Capacities change hands: neither side allocates in the steady state.
+            std::mem::swap(&mut state.jobs, jobs);
+        } else {
+            state.jobs.append(jobs);
+        }
+        let waker = state.waiting.take();
+        drop(state);
+        if let Some(w) = waker {
+            w.wake();
+        }
         Ok(())
     }
 

@@ -391,16 +391,16 @@ pub struct Requester {
 }
 
 /// One request on its way to a server.
-pub(super) struct Job {
-    pub data: Bytes,
-    pub framing: &'static dyn Framing,
+pub(crate) struct Job {
+    pub(super) data: Bytes,
+    pub(super) framing: &'static dyn Framing,
     /// How many of the framing's replies make up this request's reply (a
     /// transaction's commands, sent and answered together).
-    pub frames: usize,
-    pub reply: ReplyTx,
+    pub(super) frames: usize,
+    pub(super) reply: ReplyTx,
     /// When it must have been answered (the pool's `timeout` from when it
     /// was submitted).
-    pub deadline: Option<tokio::time::Instant>,
+    pub(super) deadline: Option<tokio::time::Instant>,
 }
 
 #[cfg(test)]

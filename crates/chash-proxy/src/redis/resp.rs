@@ -420,7 +420,10 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         pos = start + len + 2;
     }
     let frame = buf.split_to(pos).freeze();
-    let args = spans.iter().map(|&(s, l)| frame.slice(s..s + l)).collect();
+    let mut args = Args::with_capacity(spans.len());
+    for &(s, l) in &spans {
+        args.push(frame.slice(s..s + l));
+    }
     Some(Request::Command(Command { args, raw: Some(frame) }))
 }
 

@@ -14,9 +14,10 @@ use super::resp::{
     array_items, array_start, error, integer, item_end, parse_request, put_bulk, put_len, Command, Request, RespLimits,
     Skip, ARG_FRAMING, STREAMED, WHOLE,
 };
-use crate::backend::{BackendError, Pinned, Reply, Requester, Server};
+use crate::backend::{BackendError, Job, Pending, Pinned, Reply, Requester, Server, Submitted};
 use crate::conn::{bytes_reply, later, ready_owned, Out, PendingReply, Session, Step};
 use crate::options::Shared;
+use crate::pool::LoadRelease;
 use crate::pool::Pool;
 
 /// One Redis client connection's state.
@@ -64,6 +65,22 @@ pub(super) struct Transaction {
     pub(super) bytes: usize,
     /// Its commands' keys (moved first at `EXEC` during a migration).
     pub(super) keys: Vec<Bytes>,
+}
+
+/// What [`RedisSession::forward_now`] did.
+enum Forward {
+    /// Sent (or answered by the proxy): the reply.
+    Sent(PendingReply),
+    /// Waiting for room in its server connection's queue.
+    Full(Box<Full>),
+}
+
+/// A command waiting for room in its server connection's queue.
+struct Full {
+    server: Arc<Server>,
+    job: Box<Job>,
+    pending: Pending,
+    load: Option<LoadRelease>,
 }
 
 /// A client counted in `blocked_clients` while it lives (its reply
@@ -142,6 +159,22 @@ impl Session for RedisSession {
                 if self.sub.is_some() || name == "RESET" || super::pubsub::pubsub_kind(name).is_some() {
                     let name = name.to_owned();
                     return self.pubsub_step(&name, cmd).await;
+                }
+                if self.plain() {
+                    // The common case, without the general path's layers:
+                    // a client logged in (or needing no login), no
+                    // transaction, no migration, no replica reads; a
+                    // command of one key, to its server.
+                    let route = route(name, &cmd.args);
+                    if let Route::Key(position) = route {
+                        return Step::Reply(match self.forward_now(&cmd.args[position], &cmd) {
+                            Forward::Sent(reply) => reply,
+                            Forward::Full(full) => self.forward_waiting(full).await,
+                        });
+                    }
+                    let quit = name == "QUIT";
+                    let reply = self.dispatch_routed(name, cmd, route).await;
+                    return if quit { Step::Close { reply: Some(reply), error: false } } else { Step::Reply(reply) };
                 }
                 let quit = name == "QUIT";
                 let reply = self.dispatch_named(name, cmd).await;
@@ -242,6 +275,20 @@ impl RedisSession {
             return self.queue(name, cmd);
         }
         let route = route(name, &cmd.args);
+        self.dispatch_routed(name, cmd, route).await
+    }
+
+    /// Whether a command goes its route with nothing of the session's to
+    /// check first: logged in without restrictions, no transaction being
+    /// queued, no migration under way.
+    fn plain(&self) -> bool {
+        self.authed && self.tx.is_none() && !self.login.as_ref().is_some_and(|l| l.readonly) && !self.pool.migrating()
+    }
+
+    /// [`RedisSession::dispatch_named`] once the session's checks are
+    /// passed and the command's `route` is known.
+    async fn dispatch_routed(&mut self, name: &str, cmd: Command, route: Route) -> PendingReply {
+        let pool = &self.pool;
         if pool.migrating() {
             if let Some(reply) = self.read_where_it_is(&route, &cmd).await {
                 return reply;
@@ -400,19 +447,45 @@ impl RedisSession {
     }
 
     async fn forward(&self, key: &[u8], cmd: &Command) -> PendingReply {
+        match self.forward_now(key, cmd) {
+            Forward::Sent(reply) => reply,
+            Forward::Full(full) => self.forward_waiting(full).await,
+        }
+    }
+
+    /// Sends a command of one key to its server now, without waiting:
+    /// its reply; or, when the server connection's queue is full, what
+    /// [`RedisSession::forward_waiting`] queues once there is room.
+    fn forward_now(&self, key: &[u8], cmd: &Command) -> Forward {
         let Some((mut server, load)) = self.pool.acquire(key) else {
-            return ready_owned(forward_error(&self.pool, "ERR no live server in pool".into()));
+            return Forward::Sent(ready_owned(forward_error(&self.pool, "ERR no live server in pool".into())));
         };
         if let Some(policy) = self.reads.filter(|_| super::sentinel::reads::is_read(&cmd.args)) {
             let standbys = self.pool.locator().map(|l| l.standbys(server.id())).unwrap_or_default();
             match super::sentinel::reads::read_server(&server, &standbys, policy) {
                 Ok(s) => server = s,
-                Err(why) => return ready_owned(forward_error(&self.pool, format!("ERR {why}"))),
+                Err(why) => return Forward::Sent(ready_owned(forward_error(&self.pool, format!("ERR {why}")))),
             }
         }
-        let reply = self.send(server, cmd).await;
+        match server.submit_now(cmd.wire(), STREAMED, &self.requester) {
+            Submitted::Queued(pending) => Forward::Sent(self.forwarded(server, pending, load)),
+            Submitted::Full(job, pending) => Forward::Full(Box::new(Full { server, job, pending, load })),
+        }
+    }
+
+    /// A command [`RedisSession::forward_now`] could not queue, queued
+    /// once there is room: its reply.
+    async fn forward_waiting(&self, full: Box<Full>) -> PendingReply {
+        let Full { server, job, pending, load } = *full;
+        server.submit_waiting(job, &self.requester).await;
+        self.forwarded(server, pending, load)
+    }
+
+    /// The reply of a command sent to `server`, holding `load` on it (a
+    /// pool with bounded loads) until it comes.
+    fn forwarded(&self, server: Arc<Server>, pending: Pending, load: Option<LoadRelease>) -> PendingReply {
+        let reply = PendingReply::server(server, pending, self.pool.clone(), backend_error);
         match load {
-            // Bounded loads: the server's load is held until the reply.
             Some(load) => later(async move {
                 let r = reply.await;
                 drop(load);
