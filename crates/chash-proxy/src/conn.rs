@@ -15,7 +15,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -248,6 +248,9 @@ struct Flow {
     avg: AtomicUsize,
     budget: usize,
     room: Notify,
+    /// The reader waits for room (or is about to): only then does a reply
+    /// written notify it.
+    waiting: AtomicBool,
 }
 
 impl Flow {
@@ -259,6 +262,7 @@ impl Flow {
             avg: AtomicUsize::new(budget / FIRST_WINDOW),
             budget,
             room: Notify::new(),
+            waiting: AtomicBool::new(false),
         }
     }
 
@@ -267,7 +271,7 @@ impl Flow {
     }
 
     fn has_room(&self, account: &ReplyAccount) -> bool {
-        self.outstanding.load(Relaxed) < self.window() && account.held() < self.budget
+        self.outstanding.load(SeqCst) < self.window() && account.held() < self.budget
     }
 
     /// Whether another request may be taken now (else
@@ -282,6 +286,15 @@ impl Flow {
         if self.room_now(account) {
             return true;
         }
+        // Said before room is looked at again (both sides sequentially
+        // consistent): a reply written after that look notifies.
+        self.waiting.store(true, SeqCst);
+        let room = self.wait_room_notified(account).await;
+        self.waiting.store(false, SeqCst);
+        room
+    }
+
+    async fn wait_room_notified(&self, account: &ReplyAccount) -> bool {
         loop {
             if account.is_overflowed() || self.closed.load(Relaxed) {
                 return false;
@@ -308,8 +321,10 @@ impl Flow {
             let next = if b >= avg { avg + (b - avg) / 8 } else { avg - (avg - b) / 8 };
             self.avg.store(next, Relaxed);
         }
-        self.outstanding.fetch_sub(1, Relaxed);
-        self.room.notify_one();
+        self.outstanding.fetch_sub(1, SeqCst);
+        if self.waiting.load(SeqCst) {
+            self.room.notify_one();
+        }
     }
 }
 

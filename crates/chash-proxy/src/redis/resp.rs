@@ -392,7 +392,10 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
     // Room for what is announced only as it arrives: a header alone
     // must not make the proxy allocate for a million arguments. Most
     // commands have a few arguments: their spans stay on the stack.
-    let mut spans = Spans::with_capacity((n as usize).min(1024));
+    let mut spans = Spans::new();
+    if n as usize > spans.inline_size() {
+        spans.reserve((n as usize).min(1024));
+    }
     for i in 0..n as usize {
         if pos >= buf.len() {
             return Some(Request::Incomplete);
@@ -435,7 +438,10 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         pos = start + len + 2;
     }
     let frame = buf.split_to(pos).freeze();
-    let mut args = Args::with_capacity(spans.len());
+    let mut args = Args::new();
+    if spans.len() > args.inline_size() {
+        args.reserve_exact(spans.len());
+    }
     for &(s, l) in &spans {
         args.push(frame.slice(s..s + l));
     }

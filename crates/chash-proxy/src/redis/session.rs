@@ -154,6 +154,15 @@ impl Session for RedisSession {
             }
             Request::Command(cmd) => {
                 self.pool.counters().requests.fetch_add(1, Relaxed);
+                if self.sub.is_none() && self.plain() {
+                    if let Some(position) = super::command::common_key(&cmd.args) {
+                        // `GET` or `SET` of a plain session: to the key's server.
+                        return Step::Reply(match self.forward_now(&cmd.args[position], &cmd) {
+                            Forward::Sent(reply) => reply,
+                            Forward::Full(full) => self.forward_waiting(full).await,
+                        });
+                    }
+                }
                 let mut name_buf = [0u8; 32];
                 let name = cmd.name_in(&mut name_buf);
                 if self.sub.is_some() || name == "RESET" || super::pubsub::pubsub_kind(name).is_some() {
