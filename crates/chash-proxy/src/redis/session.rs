@@ -565,7 +565,13 @@ impl RedisSession {
                     put_bulk(&mut out, a);
                 }
             }
-            let pending = server.submit(out.split().freeze(), WHOLE, &self.requester).await;
+            let pending = match server.submit_now(out.split().freeze(), WHOLE, &self.requester) {
+                Submitted::Queued(pending) => pending,
+                Submitted::Full(job, pending) => {
+                    server.submit_waiting(job, &self.requester).await;
+                    pending
+                }
+            };
             waits.push((server, pending, keys));
         }
         let pool = pool.clone();
