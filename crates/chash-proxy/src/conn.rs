@@ -588,13 +588,6 @@ async fn sleep_opt(d: Option<Duration>) {
     }
 }
 
-/// Polls a future once without a real waker: replies already available are
-/// gathered into one write.
-fn poll_now(f: &mut PendingReply) -> Poll<Option<Out>> {
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    Pin::new(f).poll(&mut cx)
-}
-
 /// Writes all of `buf`, unless the client overflows its reply account
 /// meanwhile (a client that does not read blocks the write forever). A
 /// write the socket takes at once is made without waiting on anything.
@@ -654,13 +647,25 @@ async fn write_replies<W: AsyncWrite + Unpin>(
                 }
             }
         };
-        let reply = match poll_now(&mut next) {
-            Poll::Ready(b) => b,
-            Poll::Pending => {
-                if !out.is_empty() {
-                    write_all(&mut w, &out, account).await?;
-                    out.clear();
-                }
+        // Polled once (with the task's waker: a reply that is not ready
+        // wakes the writer when it is): a ready reply joins the write
+        // being gathered; one not ready waits, after what is gathered is
+        // written.
+        let mut polled = false;
+        let now = std::future::poll_fn(|cx| match Pin::new(&mut next).poll(cx) {
+            Poll::Ready(b) => Poll::Ready(Some(b)),
+            Poll::Pending if polled || out.is_empty() => {
+                polled = true;
+                Poll::Pending
+            }
+            Poll::Pending => Poll::Ready(None),
+        })
+        .await;
+        let reply = match now {
+            Some(b) => b,
+            None => {
+                write_all(&mut w, &out, account).await?;
+                out.clear();
                 next.await
             }
         };
