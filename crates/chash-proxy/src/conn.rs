@@ -15,7 +15,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::AcqRel, Ordering::Relaxed};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -240,6 +240,9 @@ pub(crate) fn requester(budget: usize) -> Requester {
 /// The flow of one connection's requests: how many await their reply's
 /// writing, and the window that bounds them.
 struct Flow {
+    /// Changed by the connection's reader and writer only, which run in
+    /// one task (never at once): a load and a store, no atomic
+    /// read-modify-write.
     outstanding: AtomicUsize,
     /// The writer has ended (the client is gone): no reply will leave the
     /// window any more, so the reader must not wait for room.
@@ -271,7 +274,7 @@ impl Flow {
     }
 
     fn has_room(&self, account: &ReplyAccount) -> bool {
-        self.outstanding.load(SeqCst) < self.window() && account.held() < self.budget
+        self.outstanding.load(Relaxed) < self.window() && account.held() < self.budget
     }
 
     /// Whether another request may be taken now (else
@@ -286,11 +289,11 @@ impl Flow {
         if self.room_now(account) {
             return true;
         }
-        // Said before room is looked at again (both sides sequentially
-        // consistent): a reply written after that look notifies.
-        self.waiting.store(true, SeqCst);
+        // Said before room is looked at again: a reply written after that
+        // look notifies (the writer runs in this task, between its polls).
+        self.waiting.store(true, Relaxed);
         let room = self.wait_room_notified(account).await;
-        self.waiting.store(false, SeqCst);
+        self.waiting.store(false, Relaxed);
         room
     }
 
@@ -313,6 +316,11 @@ impl Flow {
         }
     }
 
+    /// A request was taken: its reply is in the window.
+    fn taken(&self) {
+        self.outstanding.store(self.outstanding.load(Relaxed) + 1, Relaxed);
+    }
+
     /// A reply of `bytes` (None: nothing) is out of the window.
     fn done(&self, bytes: Option<usize>) {
         if let Some(b) = bytes {
@@ -321,8 +329,8 @@ impl Flow {
             let next = if b >= avg { avg + (b - avg) / 8 } else { avg - (avg - b) / 8 };
             self.avg.store(next, Relaxed);
         }
-        self.outstanding.fetch_sub(1, SeqCst);
-        if self.waiting.load(SeqCst) {
+        self.outstanding.store(self.outstanding.load(Relaxed).saturating_sub(1), Relaxed);
+        if self.waiting.load(Relaxed) {
             self.room.notify_one();
         }
     }
@@ -427,7 +435,7 @@ pub(crate) async fn serve<T, S>(
                     if flow.closed.load(Relaxed) {
                         break 'conn Close::Error;
                     }
-                    flow.outstanding.fetch_add(1, Relaxed);
+                    flow.taken();
                     replies.push(reply);
                 }
                 if let Some(close) = close {
@@ -452,8 +460,15 @@ pub(crate) async fn serve<T, S>(
         tokio::pin!(writer);
         let wakes = HalfWakes::new();
         let (mut close, mut written) = (None, false);
+        // The task's waker as last recorded: the shared one is locked and
+        // replaced only when it changes (a task's waker does not, in
+        // practice), not at every poll.
+        let mut recorded: Option<std::task::Waker> = None;
         std::future::poll_fn(|cx| {
-            wakes.task(cx.waker());
+            if !recorded.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                wakes.task(cx.waker());
+                recorded = Some(cx.waker().clone());
+            }
             let mut read = false;
             if close.is_none() && wakes.reader.flag.woken.swap(false, AcqRel) {
                 read = true;

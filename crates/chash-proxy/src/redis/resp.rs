@@ -167,6 +167,11 @@ pub(crate) fn put_len(out: &mut BytesMut, prefix: u8, n: usize) {
 /// The longest `<prefix><n>\r\n`: 20 digits.
 const LEN_LINE: usize = 23;
 
+/// The length of `<prefix><n>\r\n`.
+pub(crate) fn len_line_size(n: usize) -> usize {
+    (if n < 10 { 1 } else { n.ilog10() as usize + 1 }) + 3
+}
+
 /// Writes `<prefix><n>\r\n` at the start of `line`: its length.
 #[inline]
 fn len_line(line: &mut [u8; LEN_LINE], prefix: u8, mut n: usize) -> usize {
@@ -768,6 +773,7 @@ mod tests {
             for n in [n, small, usize::MAX, 0, 9, 10, 99, 100] {
                 let mut line = [0u8; LEN_LINE];
                 let len = len_line(&mut line, prefix, n);
+                proptest::prop_assert_eq!(len, len_line_size(n));
                 let want = format!("{}{n}\r\n", prefix as char);
                 proptest::prop_assert_eq!(&line[..len], want.as_bytes());
             }

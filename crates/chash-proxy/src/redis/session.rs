@@ -11,8 +11,8 @@ use smallvec::SmallVec;
 use super::command::{keys_of, route, Gather, Route};
 use super::errors::{arity, backend_error, err, forward_error};
 use super::resp::{
-    array_items, array_start, error, integer, item_end, parse_request, put_bulk, put_len, Command, Request, RespLimits,
-    Skip, ARG_FRAMING, STREAMED, WHOLE,
+    array_items, array_start, error, integer, item_end, len_line_size, parse_request, put_bulk, put_len, Command,
+    Request, RespLimits, Skip, ARG_FRAMING, STREAMED, WHOLE,
 };
 use crate::backend::{BackendError, Job, Pending, Pinned, Reply, Requester, Server, Submitted};
 use crate::conn::{bytes_reply, later, ready_owned, Out, PendingReply, Session, Step};
@@ -580,7 +580,10 @@ impl RedisSession {
             // Each group's reply and where its next item starts, taken in
             // the client's key order.
             let mut parts: SmallVec<[(Bytes, usize); 8]> = SmallVec::with_capacity(waits.len());
-            let mut size = 16;
+            // The merged reply's exact size when every part is whole (a
+            // buffer filled to its capacity becomes a reply without another
+            // allocation).
+            let mut size = len_line_size(total);
             let mut sum = 0i64;
             for (server, pending, keys) in waits {
                 let frame = match server.finish(pending).await {
@@ -607,7 +610,7 @@ impl RedisSession {
                         let Some(start) = array_start(&frame, keys) else {
                             return Some(error("ERR backend sent an unexpected reply"));
                         };
-                        size += frame.len();
+                        size += frame.len() - start;
                         parts.push((frame, start));
                     }
                     Gather::AllOk => {}
@@ -616,7 +619,7 @@ impl RedisSession {
             }
             Some(match gather {
                 Gather::InOrder => {
-                    let mut out = BytesMut::with_capacity(size + total * null.len());
+                    let mut out = BytesMut::with_capacity(size);
                     put_len(&mut out, b'*', total);
                     for &g in &group_of {
                         let (frame, at) = &mut parts[usize::from(g)];
