@@ -520,6 +520,9 @@ async fn read_replies(
                         let Some(scanner) = framing.scanner() else { break };
                         outcome = stream_reply(&mut r, &mut buf, scanner, None, timeout, c, &mut line).await;
                     }
+                    // The stream took time: replies read after it are timed
+                    // from when they are parsed.
+                    now = None;
                     match outcome {
                         Ok(()) => {
                             // Requests queued behind it waited for the stream,

@@ -172,8 +172,9 @@ impl Session for RedisSession {
                 if self.plain() {
                     // The common case, without the general path's layers:
                     // a client logged in (or needing no login), no
-                    // transaction, no migration, no replica reads; a
-                    // command of one key, to its server.
+                    // transaction, no migration; a command of one key, to
+                    // its server (or a replica, by the read policy, in
+                    // `forward_now`).
                     let route = route(name, &cmd.args);
                     if let Route::Key(position) = route {
                         return Step::Reply(match self.forward_now(&cmd.args[position], &cmd) {
