@@ -283,37 +283,31 @@ impl Flow {
         self.has_room(account) && !account.is_overflowed() && !self.closed.load(Relaxed)
     }
 
-    /// Waits until another request may be taken; false if the client
-    /// overflowed or its replies can no longer be written meanwhile.
+    /// Waits until another request may be taken (there was no room when
+    /// [`Flow::room_now`] looked); false if the client overflowed or its
+    /// replies can no longer be written meanwhile.
     async fn wait_room(&self, account: &ReplyAccount) -> bool {
-        if self.room_now(account) {
-            return true;
-        }
         // Said before room is looked at again: a reply written after that
         // look notifies (the writer runs in this task, between its polls).
         self.waiting.store(true, Relaxed);
-        let room = self.wait_room_notified(account).await;
-        self.waiting.store(false, Relaxed);
-        room
-    }
-
-    async fn wait_room_notified(&self, account: &ReplyAccount) -> bool {
-        loop {
+        let room = loop {
             if account.is_overflowed() || self.closed.load(Relaxed) {
-                return false;
+                break false;
             }
             let notified = self.room.notified();
             if self.closed.load(Relaxed) {
-                return false;
+                break false;
             }
             if self.has_room(account) {
-                return true;
+                break true;
             }
             tokio::select! {
                 _ = notified => {}
-                _ = account.overflowed() => return false,
+                _ = account.overflowed() => break false,
             }
-        }
+        };
+        self.waiting.store(false, Relaxed);
+        room
     }
 
     /// A request was taken: its reply is in the window.

@@ -292,8 +292,7 @@ impl Server {
     /// connection's queue has room (almost always); else the request back,
     /// for [`Server::submit_waiting`], which waits for room.
     pub(crate) fn submit_now(&self, data: Bytes, framing: &'static dyn Framing, requester: &Requester) -> Submitted {
-        let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
-        let (job, pending) = self.job(data, framing, 1, requester, deadline);
+        let (job, pending) = self.job(data, framing, 1, requester, self.deadline());
         match self.queue_of(requester).try_send(job) {
             None => Submitted::Queued(pending),
             Some(job) => Submitted::Full(Box::new(job), pending),
@@ -303,9 +302,20 @@ impl Server {
     /// Queues a request [`Server::submit_now`] gave back, waiting for room;
     /// its `pending` is answered either way.
     pub(crate) async fn submit_waiting(&self, job: Box<Job>, requester: &Requester) {
-        if let Err(job) = self.queue_of(requester).send(*job).await {
+        self.send_waiting(self.queue_of(requester), *job).await;
+    }
+
+    /// Queues `job` on `queue`, waiting for room; answered `Gone` if the
+    /// connection's task has ended.
+    async fn send_waiting(&self, queue: &queue::JobSender, job: Job) {
+        if let Err(job) = queue.send(job).await {
             connection::fail(self.counters(), job, &BackendError::Gone);
         }
+    }
+
+    /// A request's deadline, submitted now: the pool's timeout from now.
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        self.timeout.map(|t| tokio::time::Instant::now() + t)
     }
 
     /// The connection queue of `requester`'s requests on this worker.
@@ -344,8 +354,7 @@ impl Server {
         frames: usize,
         requester: &Requester,
     ) -> impl std::future::Future<Output = Pending> + Send + 'a {
-        let deadline = self.timeout.map(|t| tokio::time::Instant::now() + t);
-        self.enqueue_until(queue, data, framing, frames, requester, deadline)
+        self.enqueue_until(queue, data, framing, frames, requester, self.deadline())
     }
 
     /// Queues a request, to be answered by `deadline` (`None`: whenever
@@ -365,9 +374,7 @@ impl Server {
         let waiting = queue.try_send(job);
         async move {
             if let Some(job) = waiting {
-                if let Err(job) = queue.send(job).await {
-                    connection::fail(self.counters(), job, &BackendError::Gone);
-                }
+                self.send_waiting(queue, job).await;
             }
             pending
         }

@@ -101,11 +101,7 @@ impl<T> Sender<T> {
         } else {
             state.jobs.append(jobs);
         }
-        let waker = state.waiting.take();
-        drop(state);
-        if let Some(w) = waker {
-            w.wake();
-        }
+        wake_receiver(state);
         Ok(())
     }
 
@@ -151,16 +147,22 @@ impl<T> Sender<T> {
     /// the receiver if it waits.
     fn queue(&self, mut state: std::sync::MutexGuard<'_, State<T>>, job: T) {
         state.jobs.push_back(job);
-        let waker = state.waiting.take();
-        drop(state);
-        if let Some(w) = waker {
-            w.wake();
-        }
+        wake_receiver(state);
     }
 
     /// Whether the receiver is gone (or closed).
     pub(super) fn is_closed(&self) -> bool {
         self.0.lock().closed
+    }
+}
+
+/// Lets go of the queue `state` holds locked, then wakes the receiver if
+/// it waits.
+fn wake_receiver<T>(mut state: std::sync::MutexGuard<'_, State<T>>) {
+    let waker = state.waiting.take();
+    drop(state);
+    if let Some(w) = waker {
+        w.wake();
     }
 }
 

@@ -110,13 +110,11 @@ const NO_KEY: &str = "it addresses one server, not a key";
 /// The route of the command `args` (the name first), `name` being its
 /// name in capitals (`Command::name_in`; empty when it is not a word).
 pub(crate) fn route(name: &str, args: &[Bytes]) -> Route {
-    // The commonest commands, located without the table (what the table
-    // says of them, as the tests check).
-    match (name, args.len()) {
-        ("GET", 2) | ("SET", 3..) => return Route::Key(1),
-        _ => {}
+    // The commonest commands, located without the table.
+    match common_key(args) {
+        Some(key) => Route::Key(key),
+        None => route_by_table(name, args),
     }
-    route_by_table(name, args)
 }
 
 /// The key's position in the commonest commands (`GET`, `SET`), told

@@ -158,6 +158,7 @@ impl Session for RedisSession {
                     if let Some(position) = super::command::common_key(&cmd.args) {
                         // `GET` or `SET` of a plain session: to the key's server.
                         return Step::Reply(match self.forward_now(&cmd.args[position], &cmd) {
+                            // Inline, not `forward`'s future: the commonest path.
                             Forward::Sent(reply) => reply,
                             Forward::Full(full) => self.forward_waiting(full).await,
                         });
@@ -178,6 +179,7 @@ impl Session for RedisSession {
                     let route = route(name, &cmd.args);
                     if let Route::Key(position) = route {
                         return Step::Reply(match self.forward_now(&cmd.args[position], &cmd) {
+                            // Inline, not `forward`'s future: the commonest path.
                             Forward::Sent(reply) => reply,
                             Forward::Full(full) => self.forward_waiting(full).await,
                         });
