@@ -699,8 +699,14 @@ pub fn array_start(frame: &[u8], n: usize) -> Option<usize> {
     if frame.first() != Some(&b'*') {
         return None;
     }
-    let end = line_end(frame, 1)?;
-    (usize::try_from(int(&frame[1..end])?).ok()? == n).then_some(end + 2)
+    let (count, cr) = match number_line(frame, 1) {
+        Some(line) => line,
+        None => {
+            let end = line_end(frame, 1)?;
+            (int(&frame[1..end])?, end)
+        }
+    };
+    (usize::try_from(count).ok()? == n).then_some(cr + 2)
 }
 
 /// Where the frame starting at `at` of `frame` ends, if it is complete and
@@ -793,6 +799,28 @@ mod tests {
         fn line_end_finds_what_a_window_scan_finds(buf in proptest::collection::vec(proptest::sample::select(vec![b'\r', b'\n', b'a']), 0..24), from in 0usize..24) {
             let from = from.min(buf.len());
             proptest::prop_assert_eq!(line_end(&buf, from), naive_line_end(&buf, from));
+        }
+    }
+
+    #[test]
+    fn array_start_reads_every_header_as_the_general_way_does() {
+        let long = format!("*{}\r\n", 1u64 << 62);
+        for (frame, n, want) in [
+            (&b"*3\r\n$1\r\na"[..], 3, Some(4)),
+            (b"*3\r\n", 2, None),
+            (b"*12\r\n", 12, Some(5)),
+            // Past the one-pass reader: a sign, a leading zero kept, 19 digits.
+            (b"*+3\r\n", 3, Some(5)),
+            (b"*03\r\n", 3, Some(5)),
+            (long.as_bytes(), 1 << 62, Some(long.len())),
+            (b"*-1\r\n", 1, None),
+            (b"*3\r", 3, None),
+            (b"*3\n", 3, None),
+            (b"*\r\n", 0, None),
+            (b"$3\r\n", 3, None),
+            (b"", 0, None),
+        ] {
+            assert_eq!(array_start(frame, n), want, "{:?}", String::from_utf8_lossy(frame));
         }
     }
 

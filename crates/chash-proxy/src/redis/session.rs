@@ -552,7 +552,7 @@ impl RedisSession {
         }
         pool.counters().fragments.fetch_add(groups.len() as u64, Relaxed);
         let name = &cmd.args[0];
-        let mut waits: SmallVec<[_; 8]> = SmallVec::with_capacity(groups.len());
+        let mut waits: SmallVec<[_; 4]> = SmallVec::with_capacity(groups.len());
         // Every group's command in one buffer, each split off as it is
         // framed: one allocation for them all.
         let room: usize = groups.iter().map(|g| g.2 + name.len() + 2 * ARG_FRAMING).sum();
@@ -577,70 +577,129 @@ impl RedisSession {
             };
             waits.push((server, pending, keys));
         }
-        let pool = pool.clone();
-        let null = self.null();
-        bytes_reply(async move {
-            // Each group's reply and where its next item starts, taken in
-            // the client's key order.
-            let mut parts: SmallVec<[(Bytes, usize); 8]> = SmallVec::with_capacity(waits.len());
-            // The merged reply's exact size when every part is whole (a
-            // buffer filled to its capacity becomes a reply without another
-            // allocation).
-            let mut size = len_line_size(total);
-            let mut sum = 0i64;
-            for (server, pending, keys) in waits {
-                let frame = match server.finish(pending).await {
-                    Ok(Reply::Whole(f)) => f,
-                    Ok(Reply::Stream(_)) => {
-                        pool.counters().errors.fetch_add(1, Relaxed);
-                        return Some(error("ERR backend sent an unexpected reply"));
-                    }
-                    Err(BackendError::TooLarge(limit)) => {
-                        pool.counters().errors.fetch_add(1, Relaxed);
-                        return Some(error(&format!(
-                            "ERR reply from {} too large to combine with other servers' (over {limit} bytes): \
-                             ask per server",
-                            server.id()
-                        )));
-                    }
-                    Err(e) => return Some(backend_error(&pool, server.id(), &e)),
-                };
-                if frame.starts_with(b"-") {
-                    return Some(frame);
-                }
-                match gather {
-                    Gather::InOrder => {
-                        let Some(start) = array_start(&frame, keys) else {
-                            return Some(error("ERR backend sent an unexpected reply"));
-                        };
-                        size += frame.len() - start;
-                        parts.push((frame, start));
-                    }
-                    Gather::AllOk => {}
-                    Gather::Sum => sum += integer(&frame).unwrap_or(0),
-                }
-            }
-            Some(match gather {
-                Gather::InOrder => {
-                    let mut out = BytesMut::with_capacity(size);
-                    put_len(&mut out, b'*', total);
-                    for &g in &group_of {
-                        let (frame, at) = &mut parts[usize::from(g)];
-                        // Complete frames (the server connection read them
-                        // whole) of as many items as keys (checked above).
-                        match item_end(frame, *at) {
-                            Some(end) => {
-                                out.extend_from_slice(&frame[*at..end]);
-                                *at = end;
-                            }
-                            None => out.extend_from_slice(null),
-                        }
-                    }
-                    out.freeze()
-                }
-                Gather::AllOk => Bytes::from_static(b"+OK\r\n"),
-                Gather::Sum => Bytes::from(format!(":{sum}\r\n")),
-            })
+        later(Gathering {
+            waits,
+            next: 0,
+            parts: SmallVec::new(),
+            size: len_line_size(total),
+            sum: 0,
+            total,
+            group_of,
+            gather,
+            null: self.null(),
+            pool: pool.clone(),
         })
+    }
+}
+
+/// The reply of a command split by server ([`RedisSession::split`]): each
+/// part's reply awaited in turn, then put together as the command's
+/// [`Gather`] says. Polled as it is (no future nested in a future, moved
+/// and boxed whole, as an `async` block would be).
+struct Gathering {
+    /// Each part's server, its reply to come and how many keys it holds.
+    waits: SmallVec<[(Arc<Server>, Pending, usize); 4]>,
+    /// The first of `waits` whose reply has not come.
+    next: usize,
+    /// The parts' replies so far (`InOrder`), each with where its next
+    /// item starts.
+    parts: SmallVec<[(Bytes, usize); 4]>,
+    /// The merged reply's exact size when every part is whole (a buffer
+    /// filled to its capacity becomes a reply without another allocation).
+    size: usize,
+    /// The parts' integers so far (`Sum`).
+    sum: i64,
+    /// The command's keys.
+    total: usize,
+    /// Each key's part, in the client's order.
+    group_of: SmallVec<[u16; 32]>,
+    gather: Gather,
+    /// The client's null (RESP2 or RESP3).
+    null: &'static [u8],
+    pool: Arc<Pool>,
+}
+
+impl Gathering {
+    /// Takes in the reply of part `part`; `Some` ends the command with
+    /// that reply (an error).
+    fn take(&mut self, part: usize, result: Result<Reply, BackendError>) -> Option<Bytes> {
+        let (server, _, keys) = &self.waits[part];
+        let frame = match result {
+            Ok(Reply::Whole(f)) => f,
+            Ok(Reply::Stream(_)) => {
+                self.pool.counters().errors.fetch_add(1, Relaxed);
+                return Some(error("ERR backend sent an unexpected reply"));
+            }
+            Err(BackendError::TooLarge(limit)) => {
+                self.pool.counters().errors.fetch_add(1, Relaxed);
+                return Some(error(&format!(
+                    "ERR reply from {} too large to combine with other servers' (over {limit} bytes): ask per \
+                     server",
+                    server.id()
+                )));
+            }
+            Err(e) => return Some(backend_error(&self.pool, server.id(), &e)),
+        };
+        if frame.starts_with(b"-") {
+            return Some(frame);
+        }
+        match self.gather {
+            Gather::InOrder => {
+                let Some(start) = array_start(&frame, *keys) else {
+                    return Some(error("ERR backend sent an unexpected reply"));
+                };
+                self.size += frame.len() - start;
+                self.parts.push((frame, start));
+            }
+            Gather::AllOk => {}
+            Gather::Sum => self.sum += integer(&frame).unwrap_or(0),
+        }
+        None
+    }
+
+    /// The command's reply, every part's taken in.
+    fn merged(&mut self) -> Bytes {
+        match self.gather {
+            Gather::InOrder => {
+                let mut out = BytesMut::with_capacity(self.size);
+                put_len(&mut out, b'*', self.total);
+                for &g in &self.group_of {
+                    let Some((frame, at)) = self.parts.get_mut(usize::from(g)) else {
+                        out.extend_from_slice(self.null);
+                        continue;
+                    };
+                    // Complete frames (the server connection read them
+                    // whole) of as many items as keys (checked in take).
+                    match item_end(frame, *at) {
+                        Some(end) => {
+                            out.extend_from_slice(&frame[*at..end]);
+                            *at = end;
+                        }
+                        None => out.extend_from_slice(self.null),
+                    }
+                }
+                out.freeze()
+            }
+            Gather::AllOk => Bytes::from_static(b"+OK\r\n"),
+            Gather::Sum => Bytes::from(format!(":{}\r\n", self.sum)),
+        }
+    }
+}
+
+impl std::future::Future for Gathering {
+    type Output = Option<Out>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Out>> {
+        let this = self.get_mut();
+        while let Some((server, pending, _)) = this.waits.get_mut(this.next) {
+            let result = std::task::ready!(server.poll_finish(pending, cx));
+            let part = this.next;
+            this.next += 1;
+            if let Some(reply) = this.take(part, result) {
+                // The other parts' replies are given up when this is dropped.
+                return std::task::Poll::Ready(Some(Out::Bytes(reply)));
+            }
+        }
+        std::task::Poll::Ready(Some(Out::Bytes(this.merged())))
     }
 }
