@@ -27,11 +27,6 @@ mod proxy;
 mod route;
 mod svg;
 
-/// mimalloc: per-thread free lists, where glibc's malloc takes its slow
-/// path under many requests in flight (BENCHMARKS.md, issue 31).
-#[global_allocator]
-static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Consistent hashing: place keys on servers exactly as twemproxy,
 /// libmemcached and nginx do, or on chash's own ring.
 #[derive(Parser, Debug)]
