@@ -24,7 +24,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Notify};
 
-use crate::backend::{sleep_until_opt, ReplyAccount, ReplyStream, Requester};
+use crate::backend::{ReplyAccount, ReplyStream, Requester};
 use crate::stats::{PerWorker, PoolCounters};
 
 /// A reply in the making: `None` means nothing is written (noreply).
@@ -392,26 +392,28 @@ pub(crate) async fn serve<T, S>(
     };
     let reader = async {
         // Made once and kept: waits registered for the life of the
-        // connection, not once per read. The shutdown's is polled once, to
-        // register this task (a send wakes it whether or not it is polled
-        // again); then a cheap look at the version tells.
+        // connection, not once per read. Each is polled once, to register
+        // this task (a send or an overflow wakes it whether or not it is
+        // polled again: the account's other wake-up, the client gone, is
+        // this reader's own, after it ends); then a cheap look at the
+        // shutdown's version and the account's flag tells.
         let probe = shutdown.clone();
         let stop = shutdown.changed();
         tokio::pin!(stop);
-        let _ = std::future::poll_fn(|cx| Poll::Ready(stop.as_mut().poll(cx).is_ready())).await;
         let overflow = account.overflowed();
         tokio::pin!(overflow);
+        let _ = std::future::poll_fn(|cx| {
+            let _ = stop.as_mut().poll(cx);
+            let _ = overflow.as_mut().poll(cx);
+            Poll::Ready(())
+        })
+        .await;
         let mut input = Input { r, idle: settings.idle, closing: None, stop: probe };
         let mut buf = BytesMut::with_capacity(16 * 1024);
         let close = 'conn: loop {
-            let read = tokio::select! {
-                biased;
-                read = input.read(&mut buf) => read,
-                // A client that holds too many unread replies (or pushed
-                // messages) is closed even while it sends nothing.
-                () = &mut overflow => Read::End(Close::Overflow),
-            };
-            match read {
+            // A client that holds too many unread replies (or pushed
+            // messages) is closed even while it sends nothing.
+            match input.read(&mut buf, &account).await {
                 Read::Data => {}
                 Read::End(close) => break close,
             }
@@ -564,36 +566,53 @@ struct Input<R> {
 }
 
 impl<R: AsyncRead + Unpin> Input<R> {
-    /// More bytes into `buf`.
-    async fn read(&mut self, buf: &mut BytesMut) -> Read {
-        let stop = &self.stop;
-        let stopping =
-            std::future::poll_fn(|_| if stop.has_changed().unwrap_or(true) { Poll::Ready(()) } else { Poll::Pending });
-        tokio::pin!(stopping);
-        loop {
-            // Biased: bytes first, and the other branches are only polled
-            // (their wakers registered) when there are none.
-            tokio::select! {
-                biased;
-                n = self.r.read_buf(buf) => return match n {
-                    Ok(0) => Read::End(Close::Eof),
-                    Ok(_) => Read::Data,
-                    Err(_) => Read::End(Close::Error),
-                },
-                () = &mut stopping, if self.closing.is_none() => {
-                    self.closing = Some(tokio::time::Instant::now() + SHUTDOWN_GRACE);
-                }
-                _ = sleep_until_opt(self.closing) => return Read::End(Close::Proxy),
-                _ = sleep_opt(self.idle) => return Read::End(Close::Proxy),
+    /// More bytes into `buf`; the end when `account` has overflowed (the
+    /// client holds too many unread replies) and there are none.
+    ///
+    /// One poll function, not a `select!` of futures made anew at every
+    /// read: bytes first, and the overflow, the shutdown, the grace period
+    /// and the idle timer are only looked at (their wakers registered, a
+    /// timer made) when there are none.
+    async fn read(&mut self, buf: &mut BytesMut, account: &ReplyAccount) -> Read {
+        let Input { r, idle, closing, stop } = self;
+        // Made when first needed: the idle timer runs from this read's
+        // first wait for bytes (each read starts it again).
+        let mut idle_timer = std::pin::pin!(None::<tokio::time::Sleep>);
+        let mut grace = std::pin::pin!(None::<tokio::time::Sleep>);
+        std::future::poll_fn(|cx| {
+            match std::pin::pin!(r.read_buf(buf)).poll(cx) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Read::End(Close::Eof)),
+                Poll::Ready(Ok(_)) => return Poll::Ready(Read::Data),
+                Poll::Ready(Err(_)) => return Poll::Ready(Read::End(Close::Error)),
+                Poll::Pending => {}
             }
-        }
-    }
-}
-
-async fn sleep_opt(d: Option<Duration>) {
-    match d {
-        Some(d) => tokio::time::sleep(d).await,
-        None => std::future::pending().await,
+            // The task is woken by the overflow through the wait `serve`
+            // registered.
+            if account.is_overflowed() {
+                return Poll::Ready(Read::End(Close::Overflow));
+            }
+            if closing.is_none() && stop.has_changed().unwrap_or(true) {
+                *closing = Some(tokio::time::Instant::now() + SHUTDOWN_GRACE);
+            }
+            if let Some(at) = *closing {
+                if grace.is_none() {
+                    grace.set(Some(tokio::time::sleep_until(at)));
+                }
+                if grace.as_mut().as_pin_mut().is_some_and(|g| g.poll(cx).is_ready()) {
+                    return Poll::Ready(Read::End(Close::Proxy));
+                }
+            }
+            if let Some(d) = *idle {
+                if idle_timer.is_none() {
+                    idle_timer.set(Some(tokio::time::sleep(d)));
+                }
+                if idle_timer.as_mut().as_pin_mut().is_some_and(|t| t.poll(cx).is_ready()) {
+                    return Poll::Ready(Read::End(Close::Proxy));
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 }
 
@@ -858,5 +877,75 @@ impl AsyncWrite for ClientStream {
             ClientStream::Plain(s) => s.is_write_vectored(),
             ClientStream::Tls(s) => s.is_write_vectored(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input_of(
+        r: tokio::io::DuplexStream,
+        idle: Option<Duration>,
+    ) -> (Input<tokio::io::DuplexStream>, watch::Sender<bool>) {
+        let (stop, probe) = watch::channel(false);
+        (Input { r, idle, closing: None, stop: probe }, stop)
+    }
+
+    /// Bytes are read as they come; a client that sends nothing for the
+    /// idle timeout is closed then, and not before (paused time).
+    #[tokio::test(start_paused = true)]
+    async fn a_read_gives_bytes_then_ends_when_the_client_idles_out() {
+        let (mut client, server) = tokio::io::duplex(64);
+        let (mut input, _stop) = input_of(server, Some(Duration::from_secs(5)));
+        let mut buf = BytesMut::new();
+        let account = ReplyAccount::new(1 << 20);
+        client.write_all(b"get a\r\n").await.unwrap();
+        assert!(matches!(input.read(&mut buf, &account).await, Read::Data));
+        assert_eq!(&buf[..], b"get a\r\n");
+        let start = tokio::time::Instant::now();
+        assert!(matches!(input.read(&mut buf, &account).await, Read::End(Close::Proxy)));
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        // Each read starts the idle timer again.
+        let sent = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            client.write_all(b"x").await.unwrap();
+            client
+        });
+        let start = tokio::time::Instant::now();
+        assert!(matches!(input.read(&mut buf, &account).await, Read::Data));
+        assert_eq!(start.elapsed(), Duration::from_secs(4));
+        let start = tokio::time::Instant::now();
+        assert!(matches!(input.read(&mut buf, &account).await, Read::End(Close::Proxy)));
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
+        drop(sent.await.unwrap());
+        assert!(matches!(input.read(&mut buf, &account).await, Read::End(Close::Eof)));
+    }
+
+    /// Once the proxy shuts down, bytes are still read for the grace
+    /// period, then the read ends; an overflow ends it at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_read_ends_after_the_shutdown_grace_or_at_an_overflow() {
+        let (mut client, server) = tokio::io::duplex(64);
+        let (mut input, stop) = input_of(server, None);
+        let mut buf = BytesMut::new();
+        let account = ReplyAccount::new(1 << 20);
+        stop.send(true).unwrap();
+        let start = tokio::time::Instant::now();
+        let late = tokio::spawn(async move {
+            tokio::time::sleep(SHUTDOWN_GRACE / 2).await;
+            client.write_all(b"y").await.unwrap();
+            client
+        });
+        assert!(matches!(input.read(&mut buf, &account).await, Read::Data));
+        assert_eq!(start.elapsed(), SHUTDOWN_GRACE / 2);
+        assert!(matches!(input.read(&mut buf, &account).await, Read::End(Close::Proxy)));
+        assert_eq!(start.elapsed(), SHUTDOWN_GRACE, "the grace runs from the shutdown, not from each read");
+        let _client = late.await.unwrap();
+
+        let (_client, server) = tokio::io::duplex(64);
+        let (mut input, _stop) = input_of(server, None);
+        account.overflow();
+        assert!(matches!(input.read(&mut buf, &account).await, Read::End(Close::Overflow)));
     }
 }

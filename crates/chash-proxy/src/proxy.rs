@@ -368,7 +368,10 @@ async fn accept_loop(
             let settings = ConnSettings { idle: o.client_idle_timeout, budget: o.client_buffer };
             let requester = crate::conn::requester(o.client_buffer);
             let client = crate::protocol::Client { pool, shared, requester, settings, stop, guard };
-            crate::protocols::of(client.pool.spec()).serve(stream, client).await;
+            // A task of the connection's own, on this worker: the polls of
+            // every read and reply go to it directly, not through this
+            // set-up's future and the hand-off's around it.
+            tokio::spawn(crate::protocols::of(client.pool.spec()).serve(stream, client));
         });
     }
 }

@@ -32,7 +32,6 @@ use std::sync::Mutex;
 use bytes::Bytes;
 use chash::ServerLine;
 
-pub(crate) use connection::sleep_until_opt;
 pub(crate) use framing::{Chunk, Large, Reply, ReplyStream, Scan, Setup};
 pub use framing::{Frame, Framing};
 pub(crate) use health::{FailureHook, Health};
