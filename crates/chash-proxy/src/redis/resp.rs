@@ -462,6 +462,23 @@ fn frame_end(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, Stri
     frame_end_as(buf, pos, depth, true)
 }
 
+/// The end of the bulk string at `pos` (its length a plain number, or a
+/// null) read in one pass: `Some(None)` while incomplete; `None` for
+/// anything else, which [`frame_end`] reads the general way.
+#[inline(always)]
+fn bulk_end(buf: &[u8], pos: usize) -> Option<Option<usize>> {
+    if buf.get(pos) != Some(&b'$') {
+        return None;
+    }
+    // A null (a key not found).
+    if buf.get(pos + 1..pos + 5) == Some(b"-1\r\n") {
+        return Some(Some(pos + 5));
+    }
+    let (len, cr) = number_line(buf, pos + 1).filter(|&(len, _)| len < 1 << 40)?;
+    let stop = cr + 2 + len as usize + 2;
+    Some((buf.len() >= stop).then_some(stop))
+}
+
 /// [`frame_end`]; `fast`: bulk strings and arrays whose header is a plain
 /// number (all of them but nulls) are read in one pass over the digits,
 /// not a search for the line's end then a parse of it (the tests check
@@ -475,30 +492,26 @@ fn frame_end_as(buf: &[u8], pos: usize, depth: usize, fast: bool) -> Result<Opti
         return Ok(None);
     }
     if fast {
-        match buf[pos] {
-            b'$' => {
-                // A null (a key not found).
-                if buf.get(pos + 1..pos + 5) == Some(b"-1\r\n") {
-                    return Ok(Some(pos + 5));
-                }
-                if let Some((len, cr)) = number_line(buf, pos + 1).filter(|&(len, _)| len < 1 << 40) {
-                    let stop = cr + 2 + len as usize + 2;
-                    return Ok((buf.len() >= stop).then_some(stop));
-                }
-            }
-            b'*' => {
-                if let Some((n, cr)) = number_line(buf, pos + 1).filter(|&(n, _)| n <= 1 << 32) {
-                    let mut p = cr + 2;
-                    for _ in 0..n {
-                        match frame_end_as(buf, p, depth + 1, fast)? {
-                            Some(e) => p = e,
-                            None => return Ok(None),
-                        }
+        if let Some(end) = bulk_end(buf, pos) {
+            return Ok(end);
+        }
+        if buf[pos] == b'*' {
+            if let Some((n, cr)) = number_line(buf, pos + 1).filter(|&(n, _)| n <= 1 << 32) {
+                let mut p = cr + 2;
+                for _ in 0..n {
+                    // Bulk strings (an MGET's values) read here, without a
+                    // call each; deeper than the limit, the call says so.
+                    let end = match bulk_end(buf, p).filter(|_| depth < 64) {
+                        Some(end) => end,
+                        None => frame_end_as(buf, p, depth + 1, fast)?,
+                    };
+                    match end {
+                        Some(e) => p = e,
+                        None => return Ok(None),
                     }
-                    return Ok(Some(p));
                 }
+                return Ok(Some(p));
             }
-            _ => {}
         }
     }
     let Some(end) = line_end(buf, pos + 1) else { return Ok(None) };
@@ -711,8 +724,12 @@ pub fn array_start(frame: &[u8], n: usize) -> Option<usize> {
 
 /// Where the frame starting at `at` of `frame` ends, if it is complete and
 /// well formed.
+#[inline]
 pub fn item_end(frame: &[u8], at: usize) -> Option<usize> {
-    frame_end(frame, at, 1).ok()?
+    match bulk_end(frame, at) {
+        Some(end) => end,
+        None => frame_end(frame, at, 1).ok()?,
+    }
 }
 
 /// The value of an integer reply.
@@ -771,6 +788,11 @@ mod tests {
                 frame_end_as(buf.as_bytes(), at, 0, true),
                 frame_end_as(buf.as_bytes(), at, 0, false),
                 "{:?} from {}", buf, at
+            );
+            proptest::prop_assert_eq!(
+                item_end(buf.as_bytes(), at),
+                frame_end_as(buf.as_bytes(), at, 1, false).ok().flatten(),
+                "item {:?} from {}", buf, at
             );
         }
 
