@@ -382,7 +382,7 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
             (int(&buf[1..end]), end)
         }
     };
-    let Some(n) = n else {
+    let Some(n) = n.filter(|_| canonical(&buf[1..end])) else {
         return Some(Request::Error("Protocol error: invalid multibulk length".into()));
     };
     if n <= 0 {
@@ -420,7 +420,7 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
                 (int(&buf[pos + 1..end]), end)
             }
         };
-        let len = match len {
+        let len = match len.filter(|_| canonical(&buf[pos + 1..end])) {
             Some(l) if l >= 0 && (l as usize) <= limits.max_bulk => l as usize,
             Some(l) if l >= 0 => {
                 // Read past it all: the header lines so far, this argument
@@ -451,6 +451,19 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         args.push(frame.slice(s..s + l));
     }
     Some(Request::Command(Command { args, raw: Some(frame) }))
+}
+
+/// Whether a length is written as Redis reads one: digits with no leading
+/// zero (`0` itself aside), a minus sign at most. A request with `$01` or
+/// `*+2` would be refused by its server, which then closes the connection
+/// other clients' requests share: such a request is refused here, as Redis
+/// refuses it.
+fn canonical(digits: &[u8]) -> bool {
+    match digits.strip_prefix(b"-").unwrap_or(digits) {
+        [b'0'] => digits.len() == 1,
+        [b'1'..=b'9', ..] => true,
+        _ => false,
+    }
 }
 
 /// Where a command's arguments are in its frame (start, length): on the
@@ -921,6 +934,19 @@ mod tests {
         assert_eq!(c.args.len(), 2);
         assert_eq!(req(b"*2\r\n$3\r\nGET\r\n$3\r\nke"), Request::Incomplete);
         assert!(matches!(req(b"*x\r\n"), Request::Error(_)));
+        // Lengths Redis would refuse (closing the server connection).
+        for bad in [
+            &b"*2\r\n$3\r\nGET\r\n$01\r\na\r\n"[..],
+            b"*02\r\n$3\r\nGET\r\n$1\r\na\r\n",
+            b"*+1\r\n$4\r\nPING\r\n",
+            b"*1\r\n$+4\r\nPING\r\n",
+            b"*-01\r\n",
+            b"*1\r\n$-0\r\n",
+        ] {
+            assert!(matches!(req(bad), Request::Error(_)), "{:?}", String::from_utf8_lossy(bad));
+        }
+        assert!(matches!(req(b"*1\r\n$0\r\n\r\n"), Request::Command(_)));
+        assert!(matches!(req(b"*1\r\n$10\r\n0123456789\r\n"), Request::Command(_)));
         assert!(matches!(req(b"*1\r\n$-5\r\n"), Request::Error(_)));
         assert!(matches!(req(b"*1\r\n:5\r\n"), Request::Error(_)));
         assert!(matches!(req(b"*1\r\n$3\r\nabcde\r\n"), Request::Error(_)));
