@@ -594,26 +594,29 @@ impl<R: AsyncRead + Unpin> Input<R> {
             if closing.is_none() && stop.has_changed().unwrap_or(true) {
                 *closing = Some(tokio::time::Instant::now() + SHUTDOWN_GRACE);
             }
-            if let Some(at) = *closing {
-                if grace.is_none() {
-                    grace.set(Some(tokio::time::sleep_until(at)));
-                }
-                if grace.as_mut().as_pin_mut().is_some_and(|g| g.poll(cx).is_ready()) {
-                    return Poll::Ready(Read::End(Close::Proxy));
-                }
-            }
-            if let Some(d) = *idle {
-                if idle_timer.is_none() {
-                    idle_timer.set(Some(tokio::time::sleep(d)));
-                }
-                if idle_timer.as_mut().as_pin_mut().is_some_and(|t| t.poll(cx).is_ready()) {
-                    return Poll::Ready(Read::End(Close::Proxy));
-                }
+            if closing.is_some_and(|at| expired(grace.as_mut(), || at, cx))
+                || idle.is_some_and(|d| expired(idle_timer.as_mut(), || tokio::time::Instant::now() + d, cx))
+            {
+                return Poll::Ready(Read::End(Close::Proxy));
             }
             Poll::Pending
         })
         .await
     }
+}
+
+/// Whether `timer` has gone off: made, to go off at `at()`, when first
+/// looked at; its waker registered until then.
+#[inline]
+fn expired(
+    mut timer: Pin<&mut Option<tokio::time::Sleep>>,
+    at: impl FnOnce() -> tokio::time::Instant,
+    cx: &mut Context<'_>,
+) -> bool {
+    if timer.is_none() {
+        timer.set(Some(tokio::time::sleep_until(at())));
+    }
+    timer.as_pin_mut().is_some_and(|t| t.poll(cx).is_ready())
 }
 
 /// Writes all of `buf`, unless the client overflows its reply account

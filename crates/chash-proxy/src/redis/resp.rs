@@ -371,17 +371,11 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         }
         return Some(Request::Command(Command::new(args)));
     }
-    let (n, end) = match number_line(buf, 1) {
-        Some((n, end)) => (Some(n), end),
-        None => {
-            let Some(end) = line_end(buf, 1) else {
-                if buf.len() > 32 {
-                    return Some(Request::Error("Protocol error: invalid multibulk length".into()));
-                }
-                return Some(Request::Incomplete);
-            };
-            (int(&buf[1..end]).filter(|_| canonical(&buf[1..end])), end)
+    let Some((n, end)) = header_number(buf, 1, length) else {
+        if buf.len() > 32 {
+            return Some(Request::Error("Protocol error: invalid multibulk length".into()));
         }
+        return Some(Request::Incomplete);
     };
     let Some(n) = n else {
         return Some(Request::Error("Protocol error: invalid multibulk length".into()));
@@ -409,17 +403,11 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         if buf[pos] != b'$' {
             return Some(Request::Error(format!("Protocol error: expected '$', got '{}'", buf[pos] as char)));
         }
-        let (len, end) = match number_line(buf, pos + 1) {
-            Some((len, end)) => (Some(len), end),
-            None => {
-                let Some(end) = line_end(buf, pos + 1) else {
-                    if buf.len() - pos > 32 {
-                        return Some(Request::Error("Protocol error: invalid bulk length".into()));
-                    }
-                    return Some(Request::Incomplete);
-                };
-                (int(&buf[pos + 1..end]).filter(|_| canonical(&buf[pos + 1..end])), end)
+        let Some((len, end)) = header_number(buf, pos + 1, length) else {
+            if buf.len() - pos > 32 {
+                return Some(Request::Error("Protocol error: invalid bulk length".into()));
             }
+            return Some(Request::Incomplete);
         };
         let len = match len {
             Some(l) if l >= 0 && (l as usize) <= limits.max_bulk => l as usize,
@@ -454,17 +442,31 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
     Some(Request::Command(Command { args, raw: Some(frame) }))
 }
 
-/// Whether a length is written as Redis reads one: digits with no leading
+/// A length in a request, read as Redis reads one: digits with no leading
 /// zero (`0` itself aside), a minus sign at most. A request with `$01` or
 /// `*+2` would be refused by its server, which then closes the connection
 /// other clients' requests share: such a request is refused here, as Redis
 /// refuses it.
-fn canonical(digits: &[u8]) -> bool {
-    match digits.strip_prefix(b"-").unwrap_or(digits) {
-        [b'0'] => digits.len() == 1,
+fn length(text: &[u8]) -> Option<i64> {
+    let canonical = match text.strip_prefix(b"-").unwrap_or(text) {
+        [b'0'] => text.len() == 1,
         [b'1'..=b'9', ..] => true,
         _ => false,
+    };
+    int(text).filter(|_| canonical)
+}
+
+/// The number of the header line from `from` to its CRLF: read in one
+/// pass ([`number_line`]) when it is plain, else found by [`line_end`]
+/// and read by `read` (`None` inside: a number `read` refuses). `None`
+/// while the line has no end yet.
+#[inline(always)]
+fn header_number(buf: &[u8], from: usize, read: fn(&[u8]) -> Option<i64>) -> Option<(Option<i64>, usize)> {
+    if let Some((n, cr)) = number_line(buf, from) {
+        return Some((Some(n), cr));
     }
+    let end = line_end(buf, from)?;
+    Some((read(&buf[from..end]), end))
 }
 
 /// Where a command's arguments are in its frame (start, length): on the
@@ -726,14 +728,8 @@ pub fn array_start(frame: &[u8], n: usize) -> Option<usize> {
     if frame.first() != Some(&b'*') {
         return None;
     }
-    let (count, cr) = match number_line(frame, 1) {
-        Some(line) => line,
-        None => {
-            let end = line_end(frame, 1)?;
-            (int(&frame[1..end])?, end)
-        }
-    };
-    (usize::try_from(count).ok()? == n).then_some(cr + 2)
+    let (count, cr) = header_number(frame, 1, int)?;
+    (usize::try_from(count?).ok()? == n).then_some(cr + 2)
 }
 
 /// Where the frame starting at `at` of `frame` ends, if it is complete and
