@@ -226,9 +226,10 @@ impl Migration {
     }
 
     /// `keys` are off their old server now (moved, or found absent).
-    pub fn note_moved<'a>(&self, keys: impl IntoIterator<Item = &'a bytes::Bytes>) {
+    pub fn note_moved<K: AsRef<[u8]>>(&self, keys: impl IntoIterator<Item = K>) {
         let Ok(mut m) = self.moved.lock() else { return };
         for k in keys {
+            let k = k.as_ref();
             let cost = k.len() + 48;
             if m.bytes + cost > Moved::LIMIT {
                 return;

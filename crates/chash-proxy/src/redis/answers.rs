@@ -40,7 +40,7 @@ impl RedisSession {
                 let mut i = 1;
                 let mut resp3 = self.requester.dialect == 1;
                 if let Some(v) = args.get(1) {
-                    match &v[..] {
+                    match v {
                         b"2" => resp3 = false,
                         b"3" => resp3 = true,
                         _ => {
@@ -65,7 +65,7 @@ impl RedisSession {
                             i += 3;
                         }
                         "SETNAME" if i + 1 < args.len() => {
-                            self.name = Some(args[i + 1].clone());
+                            self.name = Some(args.bytes(i + 1));
                             i += 2;
                         }
                         _ => return err(&self.pool, "ERR syntax error in HELLO".into()),
@@ -97,7 +97,7 @@ impl RedisSession {
                         "ERR Client names cannot contain spaces, newlines or special characters.".into(),
                     );
                 }
-                self.name = (!args[2].is_empty()).then(|| args[2].clone());
+                self.name = (!args[2].is_empty()).then(|| args.bytes(2));
                 ready(b"+OK\r\n")
             }
             ("GETNAME", 2) => match &self.name {
@@ -111,7 +111,7 @@ impl RedisSession {
                     "LIB-VER" => 1,
                     _ => return err(&self.pool, "ERR Unrecognized option for CLIENT SETINFO".into()),
                 };
-                self.lib[at] = Some(args[3].clone());
+                self.lib[at] = Some(args.bytes(3));
                 ready(b"+OK\r\n")
             }
             ("INFO", 2) => {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::OnceLock;
 
-use bytes::Bytes;
+use crate::redis::resp::Args;
 
 use super::commands::COMMANDS;
 use super::keyspec::Spec;
@@ -109,7 +109,7 @@ const NO_KEY: &str = "it addresses one server, not a key";
 
 /// The route of the command `args` (the name first), `name` being its
 /// name in capitals (`Command::name_in`; empty when it is not a word).
-pub(crate) fn route(name: &str, args: &[Bytes]) -> Route {
+pub(crate) fn route(name: &str, args: &Args) -> Route {
     // The commonest commands, located without the table.
     match common_key(args) {
         Some(key) => Route::Key(key),
@@ -121,7 +121,7 @@ pub(crate) fn route(name: &str, args: &[Bytes]) -> Route {
 /// from the name as sent, in any case: no upper-casing, no table (the
 /// table says the same of them, as the tests check).
 #[inline]
-pub(crate) fn common_key(args: &[Bytes]) -> Option<usize> {
+pub(crate) fn common_key(args: &Args) -> Option<usize> {
     let name = args.first()?;
     match args.len() {
         2 if name.eq_ignore_ascii_case(b"GET") => Some(1),
@@ -132,11 +132,11 @@ pub(crate) fn common_key(args: &[Bytes]) -> Option<usize> {
 
 /// [`route`] by the command table (and the commands the proxy treats its
 /// own way).
-fn route_by_table(name: &str, args: &[Bytes]) -> Route {
+fn route_by_table(name: &str, args: &Args) -> Route {
     if args.is_empty() {
         return Route::Arity;
     }
-    let has = |word: &str| args[1..].iter().any(|a| a.eq_ignore_ascii_case(word.as_bytes()));
+    let has = |word: &str| args.iter().skip(1).any(|a| a.eq_ignore_ascii_case(word.as_bytes()));
     match name {
         "PING" | "ECHO" | "QUIT" | "COMMAND" | "SELECT" | "HELLO" | "AUTH" | "CLIENT" => return Route::Proxy,
         "SCAN" | "KEYS" | "DBSIZE" | "RANDOMKEY" | "FLUSHDB" | "FLUSHALL" | "INFO" | "TIME" | "LASTSAVE" => {
@@ -218,7 +218,7 @@ pub(crate) fn keys_of(route: &Route, argc: usize) -> Option<Vec<usize>> {
 
 /// The spec of the command `args` names: a container's subcommand
 /// (`OBJECT ENCODING`) by both words.
-pub(crate) fn spec_of(args: &[Bytes]) -> Option<&'static Spec> {
+pub(crate) fn spec_of(args: &Args) -> Option<&'static Spec> {
     // Long enough for every name in the table; longer ones are not there.
     let mut buf = [0u8; 48];
     let n = upper_into(&mut buf, args.first()?)?;
@@ -238,7 +238,7 @@ pub(crate) fn spec_of(args: &[Bytes]) -> Option<&'static Spec> {
 /// [`spec_of`] for a command whose name is known in capitals (`name`,
 /// from `Command::name_in`; empty when it could not be): no second
 /// upper-casing of the name on the request path.
-fn spec_named(name: &str, args: &[Bytes]) -> Option<&'static Spec> {
+fn spec_named(name: &str, args: &Args) -> Option<&'static Spec> {
     if name.is_empty() {
         return spec_of(args);
     }
@@ -299,8 +299,8 @@ fn upper_into(buf: &mut [u8], word: &[u8]) -> Option<usize> {
 /// How long a blocking command may block, as it says; `None`: for ever
 /// (a timeout of 0), or a timeout that does not parse or is negative (the
 /// server answers that with its error at once).
-pub(crate) fn blocking_wait(name: &str, args: &[Bytes]) -> Option<std::time::Duration> {
-    let text = |b: &Bytes| std::str::from_utf8(b).ok().map(str::to_owned);
+pub(crate) fn blocking_wait(name: &str, args: &Args) -> Option<std::time::Duration> {
+    let text = |b: &[u8]| std::str::from_utf8(b).ok().map(str::to_owned);
     let (value, millis) = match name {
         "XREAD" | "XREADGROUP" => {
             let at = args.iter().position(|a| a.eq_ignore_ascii_case(b"BLOCK"))?;
@@ -324,8 +324,7 @@ mod tests {
     use super::*;
 
     fn r(s: &str) -> Route {
-        let args: Vec<Bytes> = s.split(' ').map(|w| Bytes::copy_from_slice(w.as_bytes())).collect();
-        route(&s.split(' ').next().unwrap().to_ascii_uppercase(), &args)
+        route(&s.split(' ').next().unwrap().to_ascii_uppercase(), &args(s))
     }
 
     #[test]
@@ -343,7 +342,7 @@ mod tests {
             "GETSET k v",
             "GETEX k",
         ] {
-            let args: Vec<Bytes> = s.split(' ').map(|w| Bytes::copy_from_slice(w.as_bytes())).collect();
+            let args = args(s);
             let name = s.split(' ').next().unwrap().to_ascii_uppercase();
             assert_eq!(route(&name, &args), route_by_table(&name, &args), "{s}");
             if let Some(key) = common_key(&args) {
@@ -394,8 +393,8 @@ mod tests {
         assert_eq!(r("SPUBLISH ch m"), Route::Key(1));
     }
 
-    fn args(s: &str) -> Vec<Bytes> {
-        s.split(' ').map(|w| Bytes::copy_from_slice(w.as_bytes())).collect()
+    fn args(s: &str) -> Args {
+        Args::from(s.split(' ').collect::<Vec<_>>())
     }
 
     fn keys(s: &str) -> Option<Vec<usize>> {

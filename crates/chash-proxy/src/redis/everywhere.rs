@@ -240,8 +240,9 @@ impl RedisSession {
         let Some(server) = servers.get(cursor.index as usize).cloned() else {
             return err(pool, "ERR invalid cursor".into());
         };
-        let mut args = cmd.args.clone();
-        args[1] = Bytes::from(cursor.server.to_string());
+        let at = cursor.server.to_string();
+        let args: Vec<&[u8]> =
+            cmd.args.iter().enumerate().map(|(i, a)| if i == 1 { at.as_bytes() } else { a }).collect();
         let pending = server.submit(Command::new(args).wire(), WHOLE, &self.requester).await;
         let pool = pool.clone();
         let count = servers.len() as u64;
@@ -341,11 +342,11 @@ impl RedisSession {
             }
             "NUMSUB" | "SHARDNUMSUB" => {
                 let mut asks = Vec::new();
-                for channel in &cmd.args[2..] {
+                for channel in cmd.args.range(2..cmd.args.len()) {
                     let Some(server) = pool.state().server_for(channel).cloned() else {
                         return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
                     };
-                    let one = Command::new(vec![cmd.args[0].clone(), cmd.args[1].clone(), channel.clone()]);
+                    let one = Command::new(vec![&cmd.args[0], &cmd.args[1], channel]);
                     asks.push(self.ask_all(vec![server], &one).await);
                 }
                 bytes_reply(async move {
@@ -380,7 +381,7 @@ impl RedisSession {
     /// summed per database.
     async fn info_all(&self, cmd: Command) -> PendingReply {
         let asked: Vec<String> =
-            cmd.args[1..].iter().map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).collect();
+            cmd.args.range(1..cmd.args.len()).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).collect();
         let everything =
             asked.is_empty() || asked.iter().any(|s| matches!(s.as_str(), "all" | "everything" | "default"));
         let own = super::answers::info(&self.pool, &self.shared);

@@ -2,7 +2,7 @@
 //! Redis describes its own commands (`COMMAND INFO`), and finding them in a
 //! command as Redis does.
 
-use bytes::Bytes;
+use crate::redis::resp::Args;
 
 /// One command as Redis describes it.
 #[derive(Debug)]
@@ -88,7 +88,7 @@ impl Spec {
     /// The positions of the keys in `args` (the name first), in order; `None`
     /// when the arguments do not match the specs (a key count that is not
     /// a number, or points past the end).
-    pub(crate) fn key_positions(&self, args: &[Bytes]) -> Option<Vec<usize>> {
+    pub(crate) fn key_positions(&self, args: &Args) -> Option<Vec<usize>> {
         let argc = args.len() as i64;
         let mut out = Vec::new();
         for spec in self.keys {

@@ -225,13 +225,10 @@ impl RedisSession {
             }
             (m, from)
         };
-        let mut data = BytesMut::with_capacity(64 + key.len() + cmd.raw.as_ref().map_or(64, |r| r.len()));
+        let mut data = BytesMut::with_capacity(64 + key.len() + cmd.args.frame().len());
         data.extend_from_slice(b"*1\r\n$5\r\nMULTI\r\n");
         encode_array(&mut data, [&b"EXISTS"[..], key].into_iter());
-        match &cmd.raw {
-            Some(raw) => data.extend_from_slice(raw),
-            None => cmd.encode(&mut data),
-        }
+        data.extend_from_slice(cmd.args.frame());
         data.extend_from_slice(b"*1\r\n$4\r\nEXEC\r\n");
         let pending = from.submit_frames(data.freeze(), WHOLE, 4, &self.requester).await;
         let Ok(Reply::Whole(frames)) = from.finish(pending).await else { return None };
@@ -260,9 +257,9 @@ impl RedisSession {
     /// their servers now before the command runs there (a command's keys
     /// all first). While the migration holds (`armed`, or its first
     /// moments), this waits up to the pool's timeout.
-    pub(super) async fn move_first<'a>(&self, keys: impl Iterator<Item = &'a Bytes>) -> Result<(), PendingReply> {
+    pub(super) async fn move_first<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Result<(), PendingReply> {
         let pool = &self.pool;
-        let keys: Vec<&Bytes> = keys.collect();
+        let keys: Vec<&[u8]> = keys.collect();
         let limit = pool.spec().timeout.unwrap_or(Duration::from_secs(5));
         let deadline = tokio::time::Instant::now() + limit;
         // Held while the migration holds: a reload may replace it (armed to
@@ -278,8 +275,8 @@ impl RedisSession {
                         continue;
                     }
                     match groups.iter_mut().find(|g| Arc::ptr_eq(&g.0, from) && Arc::ptr_eq(&g.1, to)) {
-                        Some(g) => g.2.push((*key).clone()),
-                        None => groups.push((from.clone(), to.clone(), vec![(*key).clone()])),
+                        Some(g) => g.2.push(Bytes::copy_from_slice(key)),
+                        None => groups.push((from.clone(), to.clone(), vec![Bytes::copy_from_slice(key)])),
                     }
                 }
             }

@@ -79,18 +79,144 @@ impl Default for RespLimits {
     }
 }
 
-/// A command's arguments, the name first: up to three (`GET key`, `SET
-/// key value`) held in place, more in a vector.
-pub type Args = smallvec::SmallVec<[Bytes; 3]>;
+/// A command's arguments, the name first: where each is in the command's
+/// frame (start and length), the frame shared. Reading an argument costs
+/// no reference count and no copy; the spans of up to 12 arguments (an
+/// `MGET` of 11 keys) are held in place, more in a vector.
+#[derive(Clone)]
+pub struct Args {
+    /// The command as a RESP array of bulk strings: the client's own frame,
+    /// or one framed here ([`Args::from`]).
+    frame: Bytes,
+    spans: smallvec::SmallVec<[(u32, u32); 12]>,
+}
+
+impl Args {
+    /// How many arguments, the name included.
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    /// Whether there are none (an inline command is never empty; one built
+    /// from nothing is).
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// Argument `i`, if there is one.
+    pub fn get(&self, i: usize) -> Option<&[u8]> {
+        self.spans.get(i).map(|&span| self.at(span))
+    }
+
+    /// The command's name as sent.
+    pub fn first(&self) -> Option<&[u8]> {
+        self.get(0)
+    }
+
+    /// The last argument.
+    pub fn last(&self) -> Option<&[u8]> {
+        self.spans.last().map(|&span| self.at(span))
+    }
+
+    /// The arguments in order.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &[u8]> + ExactSizeIterator + Clone {
+        self.spans.iter().map(|&span| self.at(span))
+    }
+
+    /// The arguments at `range`, in order.
+    pub fn range(&self, range: std::ops::Range<usize>) -> impl ExactSizeIterator<Item = &[u8]> + Clone {
+        self.spans[range].iter().map(|&span| self.at(span))
+    }
+
+    /// Argument `i` as bytes of its own (sharing the frame), to keep.
+    pub fn bytes(&self, i: usize) -> Bytes {
+        let (start, len) = self.spans[i];
+        self.frame.slice(start as usize..(start + len) as usize)
+    }
+
+    /// The arguments at `range` as framed in [`Args::frame`] (each bulk
+    /// string's header, bytes and line end): what a command made of them
+    /// carries, copied in one piece. Empty for an empty range.
+    pub fn framed(&self, range: std::ops::Range<usize>) -> &[u8] {
+        if range.is_empty() {
+            return &[];
+        }
+        // An argument's header starts where the one before it ends (after
+        // its line end), the first's after the array's header.
+        let start = match range.start {
+            0 => len_line_size(self.spans.len()),
+            i => {
+                let (s, l) = self.spans[i - 1];
+                (s + l) as usize + 2
+            }
+        };
+        let (s, l) = self.spans[range.end - 1];
+        &self.frame[start..(s + l) as usize + 2]
+    }
+
+    /// The command as a RESP array of bulk strings.
+    pub fn frame(&self) -> &Bytes {
+        &self.frame
+    }
+
+    #[inline(always)]
+    fn at(&self, (start, len): (u32, u32)) -> &[u8] {
+        &self.frame[start as usize..(start + len) as usize]
+    }
+}
+
+impl std::ops::Index<usize> for Args {
+    type Output = [u8];
+
+    fn index(&self, i: usize) -> &[u8] {
+        self.at(self.spans[i])
+    }
+}
+
+impl<'a, T: AsRef<[u8]> + 'a> From<&'a [T]> for Args {
+    /// The arguments framed as a RESP array.
+    fn from(items: &'a [T]) -> Args {
+        let mut out = BytesMut::new();
+        encode_array(&mut out, items.iter().map(AsRef::as_ref));
+        let frame = out.freeze();
+        // Each bulk string's bytes follow its header line.
+        let mut spans = smallvec::SmallVec::with_capacity(items.len());
+        let mut at = len_line_size(items.len());
+        for item in items {
+            let len = item.as_ref().len();
+            at += len_line_size(len);
+            spans.push((at as u32, len as u32));
+            at += len + 2;
+        }
+        Args { frame, spans }
+    }
+}
+
+impl<T: AsRef<[u8]>> From<Vec<T>> for Args {
+    fn from(items: Vec<T>) -> Args {
+        Args::from(&items[..])
+    }
+}
+
+impl PartialEq for Args {
+    fn eq(&self, other: &Args) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Args {}
+
+impl std::fmt::Debug for Args {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter().map(String::from_utf8_lossy)).finish()
+    }
+}
 
 /// A parsed client command: its arguments, the name first.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Command {
     /// Arguments, `args[0]` being the command name as sent.
     pub args: Args,
-    /// The frame as the client sent it, when it was a RESP array (forwarded
-    /// as is when the command goes to one server unchanged).
-    pub raw: Option<Bytes>,
 }
 
 impl Command {
@@ -115,24 +241,13 @@ impl Command {
 
     /// A command from its arguments.
     pub fn new(args: impl Into<Args>) -> Command {
-        Command { args: args.into(), raw: None }
+        Command { args: args.into() }
     }
 
-    /// The command as a RESP array of bulk strings.
-    pub fn encode(&self, out: &mut BytesMut) {
-        encode_array(out, self.args.iter().map(|a| &a[..]));
-    }
-
-    /// The bytes to send a server: the client's own frame when there is one.
+    /// The bytes to send a server: the client's own frame when it sent a
+    /// RESP array, else the arguments framed as one.
     pub fn wire(&self) -> Bytes {
-        match &self.raw {
-            Some(raw) => raw.clone(),
-            None => {
-                let mut out = BytesMut::new();
-                self.encode(&mut out);
-                out.freeze()
-            }
-        }
+        self.args.frame.clone()
     }
 }
 
@@ -358,18 +473,17 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         let line = buf.split_to(nl + 1);
         let text = line.strip_suffix(b"\n").unwrap_or(&line);
         let text = text.strip_suffix(b"\r").unwrap_or(text);
-        let args: Vec<Bytes> =
-            text.split(|&b| b == b' ').filter(|w| !w.is_empty()).map(Bytes::copy_from_slice).collect();
+        let args: smallvec::SmallVec<[&[u8]; 8]> = text.split(|&b| b == b' ').filter(|w| !w.is_empty()).collect();
         if args.is_empty() {
             return None;
         }
         const METHODS: [&[u8]; 9] =
             [b"GET", b"POST", b"PUT", b"DELETE", b"HEAD", b"OPTIONS", b"PATCH", b"CONNECT", b"TRACE"];
-        let request_line = args.len() == 3 && METHODS.contains(&&args[0][..]) && args[2].starts_with(b"HTTP/");
-        if request_line || is_http_word(&args[0]) {
+        let request_line = args.len() == 3 && METHODS.contains(&args[0]) && args[2].starts_with(b"HTTP/");
+        if request_line || is_http_word(args[0]) {
             return Some(Request::Http);
         }
-        return Some(Request::Command(Command::new(args)));
+        return Some(Request::Command(Command::new(&args[..])));
     }
     let Some((n, end)) = header_number(buf, 1, length) else {
         if buf.len() > 32 {
@@ -392,7 +506,7 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
     // Room for what is announced only as it arrives: a header alone
     // must not make the proxy allocate for a million arguments. Most
     // commands have a few arguments: their spans stay on the stack.
-    let mut spans = Spans::new();
+    let mut spans: smallvec::SmallVec<[(u32, u32); 12]> = smallvec::SmallVec::new();
     if n as usize > spans.inline_size() {
         spans.reserve((n as usize).min(1024));
     }
@@ -428,18 +542,15 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         if &buf[start + len..start + len + 2] != b"\r\n" {
             return Some(Request::Error("Protocol error: bulk string not followed by CRLF".into()));
         }
-        spans.push((start, len));
+        if start + len + 2 > u32::MAX as usize {
+            // Redis itself takes at most 1 GiB in one request.
+            return Some(Request::Error("Protocol error: request over 4 GiB".into()));
+        }
+        spans.push((start as u32, len as u32));
         pos = start + len + 2;
     }
     let frame = buf.split_to(pos).freeze();
-    let mut args = Args::new();
-    if spans.len() > args.inline_size() {
-        args.reserve_exact(spans.len());
-    }
-    for &(s, l) in &spans {
-        args.push(frame.slice(s..s + l));
-    }
-    Some(Request::Command(Command { args, raw: Some(frame) }))
+    Some(Request::Command(Command { args: Args { frame, spans } }))
 }
 
 /// A length in a request, read as Redis reads one: digits with no leading
@@ -468,10 +579,6 @@ fn header_number(buf: &[u8], from: usize, read: fn(&[u8]) -> Option<i64>) -> Opt
     let end = line_end(buf, from)?;
     Some((read(&buf[from..end]), end))
 }
-
-/// Where a command's arguments are in its frame (start, length): on the
-/// stack for up to 16 arguments (an `MGET` of 15 keys), else in a vector.
-type Spans = smallvec::SmallVec<[(usize, usize); 16]>;
 
 /// End (exclusive) of the frame starting at `pos`, if complete.
 fn frame_end(buf: &[u8], pos: usize, depth: usize) -> Result<Option<usize>, String> {
@@ -807,6 +914,36 @@ mod tests {
         }
 
         #[test]
+        fn arguments_framed_here_are_read_back_as_given(items in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..120), 1..20)) {
+            let args = Args::from(&items[..]);
+            proptest::prop_assert_eq!(args.len(), items.len());
+            for (i, item) in items.iter().enumerate() {
+                proptest::prop_assert_eq!(&args[i], &item[..]);
+                proptest::prop_assert_eq!(&args.bytes(i)[..], &item[..]);
+            }
+            // The frame is the RESP array a client would send, and reads
+            // back (through the request parser) as the same arguments.
+            let mut buf = BytesMut::from(&args.frame()[..]);
+            let Request::Command(parsed) = parse_request(&mut buf, RespLimits::default()) else {
+                return Err(proptest::test_runner::TestCaseError::fail("not a command"));
+            };
+            proptest::prop_assert!(buf.is_empty());
+            proptest::prop_assert_eq!(parsed.wire(), args.frame().clone());
+            proptest::prop_assert_eq!(&parsed.args, &args);
+            // Any run of arguments, framed, is those arguments as a RESP
+            // array's items.
+            for from in 0..items.len() {
+                for to in from..=items.len() {
+                    let mut want = BytesMut::new();
+                    for item in &items[from..to] {
+                        put_bulk(&mut want, item);
+                    }
+                    proptest::prop_assert_eq!(args.framed(from..to), &want[..]);
+                }
+            }
+        }
+
+        #[test]
         fn a_length_line_is_what_formatting_writes(n: usize, small in 0usize..1000, prefix in proptest::sample::select(b"$*".to_vec())) {
             for n in [n, small, usize::MAX, 0, 9, 10, 99, 100] {
                 let mut line = [0u8; LEN_LINE];
@@ -974,9 +1111,7 @@ mod tests {
             let Request::Command(c) = parse_request(&mut buf, limits) else { panic!("piece {piece}") };
             assert_eq!(c.name(), "PING", "piece {piece}");
         }
-        let mut enc = BytesMut::new();
-        c.encode(&mut enc);
-        assert_eq!(&enc[..], b"*2\r\n$4\r\nping\r\n$5\r\nhello\r\n");
+        assert_eq!(&c.wire()[..], b"*2\r\n$4\r\nping\r\n$5\r\nhello\r\n");
     }
 
     #[test]

@@ -11,8 +11,8 @@ use smallvec::SmallVec;
 use super::command::{keys_of, route, Gather, Route};
 use super::errors::{arity, backend_error, err, forward_error};
 use super::resp::{
-    array_items, array_start, error, integer, item_end, len_line_size, parse_request, put_bulk, put_len, Command,
-    Request, RespLimits, Skip, ARG_FRAMING, STREAMED, WHOLE,
+    array_items, array_start, error, integer, item_end, len_line_size, parse_request, put_len, Command, Request,
+    RespLimits, Skip, STREAMED, WHOLE,
 };
 use crate::backend::{BackendError, Job, Pending, Pinned, Reply, Requester, Server, Submitted};
 use crate::conn::{bytes_reply, later, ready_owned, Out, PendingReply, Session, Step};
@@ -518,11 +518,11 @@ impl RedisSession {
         let pool = &self.pool;
         let state = pool.state();
         let total = (cmd.args.len() - first) / step;
-        // Each key's group (by server), and per group its server, how many
-        // keys and about how many bytes its command takes.
+        // Each key's group (by server), and per group its server and how
+        // many keys.
         // Held in place for the common sizes: nothing allocated for them.
         let mut group_of: SmallVec<[u16; 32]> = SmallVec::with_capacity(total);
-        let mut groups: SmallVec<[(Arc<Server>, usize, usize); 8]> = SmallVec::new();
+        let mut groups: SmallVec<[(Arc<Server>, usize); 8]> = SmallVec::new();
         for at in (first..cmd.args.len()).step_by(step) {
             let Some(server) = state.server_for(&cmd.args[at]) else {
                 return ready_owned(forward_error(pool, "ERR no live server in pool".into()));
@@ -530,13 +530,12 @@ impl RedisSession {
             let g = match groups.iter().position(|g| Arc::ptr_eq(&g.0, server)) {
                 Some(i) => i,
                 None => {
-                    groups.push((server.clone(), 0, 0));
+                    groups.push((server.clone(), 0));
                     groups.len() - 1
                 }
             };
             group_of.push(g as u16);
             groups[g].1 += 1;
-            groups[g].2 += cmd.args[at..at + step].iter().map(|a| a.len() + ARG_FRAMING).sum::<usize>();
             if groups.len() > usize::from(u16::MAX) {
                 // Not from any pool chash serves; refused rather than wrapped.
                 return ready_owned(forward_error(pool, "ERR too many servers for one command".into()));
@@ -551,22 +550,31 @@ impl RedisSession {
             return self.send(server, &cmd).await;
         }
         pool.counters().fragments.fetch_add(groups.len() as u64, Relaxed);
-        let name = &cmd.args[0];
+        let name = cmd.args.framed(0..first);
         let mut waits: SmallVec<[_; 4]> = SmallVec::with_capacity(groups.len());
         // Every group's command in one buffer, each split off as it is
-        // framed: one allocation for them all.
-        let room: usize = groups.iter().map(|g| g.2 + name.len() + 2 * ARG_FRAMING).sum();
-        let mut out = BytesMut::with_capacity(room);
-        for (g, (server, keys, _)) in groups.into_iter().enumerate() {
-            // The group's command, framed here once: the name, then its keys
-            // (each with its values) in the client's order.
-            put_len(&mut out, b'*', 1 + keys * step);
-            put_bulk(&mut out, name);
-            for (k, _) in group_of.iter().enumerate().filter(|(_, &of)| usize::from(of) == g) {
-                let at = first + k * step;
-                for a in &cmd.args[at..at + step] {
-                    put_bulk(&mut out, a);
+        // framed: one allocation for them all. The keys (each with its
+        // values) are copied as the client framed them, a run of them
+        // bound for one server in one piece.
+        let mut out = BytesMut::with_capacity(
+            cmd.args.frame().len() + groups.len() * (len_line_size(first + total * step) + name.len()),
+        );
+        for (g, (server, keys)) in groups.into_iter().enumerate() {
+            put_len(&mut out, b'*', first + keys * step);
+            out.extend_from_slice(name);
+            let mut run: Option<usize> = None;
+            for (k, &of) in group_of.iter().enumerate() {
+                match (usize::from(of) == g, run) {
+                    (true, None) => run = Some(k),
+                    (false, Some(from)) => {
+                        out.extend_from_slice(cmd.args.framed(first + from * step..first + k * step));
+                        run = None;
+                    }
+                    _ => {}
                 }
+            }
+            if let Some(from) = run {
+                out.extend_from_slice(cmd.args.framed(first + from * step..first + total * step));
             }
             let pending = match server.submit_now(out.split().freeze(), WHOLE, &self.requester) {
                 Submitted::Queued(pending) => pending,

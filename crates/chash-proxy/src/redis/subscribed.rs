@@ -60,7 +60,7 @@ impl RedisSession {
         let outbox = sub.outbox.clone();
         match name {
             "PING" if !resp3 => {
-                let arg = cmd.args.get(1).cloned().unwrap_or_default();
+                let arg = if cmd.args.len() > 1 { cmd.args.bytes(1) } else { Bytes::new() };
                 let mut out = BytesMut::from(&b"*2\r\n$4\r\npong\r\n"[..]);
                 out.extend_from_slice(&bulk(&arg));
                 outbox.push(out.freeze());
@@ -130,7 +130,7 @@ impl RedisSession {
         let Some(hub) = Hub::of(&self.pool) else {
             return Step::Reply(super::errors::err(&self.pool, "ERR pub/sub is not available on this pool".into()));
         };
-        let names: Vec<Bytes> = cmd.args[1..].to_vec();
+        let names: Vec<Bytes> = (1..cmd.args.len()).map(|i| cmd.args.bytes(i)).collect();
         if !on {
             let Some(sub) = self.sub.as_mut() else {
                 // Not subscribed: Redis answers each name (or nil) with 0.

@@ -56,14 +56,14 @@ impl RedisSession {
     pub(super) async fn watch(&mut self, cmd: Command) -> PendingReply {
         let pool = self.pool.clone();
         if pool.migrating() {
-            if let Err(refused) = self.move_first(cmd.args[1..].iter()).await {
+            if let Err(refused) = self.move_first(cmd.args.range(1..cmd.args.len())).await {
                 return refused;
             }
         }
         let server = {
             let state = pool.state();
             let mut server: Option<Arc<Server>> = self.watch.as_ref().map(|w| w.server.clone());
-            for key in &cmd.args[1..] {
+            for key in cmd.args.range(1..cmd.args.len()) {
                 let Some(s) = state.server_for(key) else {
                     return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
                 };
@@ -129,7 +129,7 @@ impl RedisSession {
         let state = pool.state();
         for p in positions {
             if pool.migrating() {
-                tx.keys.push(cmd.args[p].clone());
+                tx.keys.push(cmd.args.bytes(p));
             }
             let Some(s) = state.server_for(&cmd.args[p]) else {
                 tx.refused = true;
@@ -176,7 +176,7 @@ impl RedisSession {
         // watched; the migration moving them aborts the transaction).
         let mut tx = tx;
         if self.pool.migrating() && watch.is_none() && !tx.keys.is_empty() {
-            if let Err(refused) = self.move_first(tx.keys.iter()).await {
+            if let Err(refused) = self.move_first(tx.keys.iter().map(|k| &k[..])).await {
                 return refused;
             }
             tx.server = self.pool.state().server_for(&tx.keys[0]).cloned();

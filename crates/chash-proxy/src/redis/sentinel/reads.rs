@@ -6,14 +6,14 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
-use bytes::Bytes;
+use crate::redis::resp::Args;
 use chash::ReadPolicy;
 
 use crate::backend::{Address, Server, Standby};
 
 /// Whether a command only reads (its command-table flags say it does not
 /// write and does not block; scripts and functions are never reads here).
-pub(crate) fn is_read(args: &[Bytes]) -> bool {
+pub(crate) fn is_read(args: &Args) -> bool {
     let Some(name) = args.first() else { return false };
     let script = [&b"EVAL"[..], b"EVALSHA", b"EVAL_RO", b"EVALSHA_RO", b"FCALL", b"FCALL_RO"]
         .iter()
