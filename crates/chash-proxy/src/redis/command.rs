@@ -136,7 +136,7 @@ fn route_by_table(name: &str, args: &Args) -> Route {
     if args.is_empty() {
         return Route::Arity;
     }
-    let has = |word: &str| args.iter().skip(1).any(|a| a.eq_ignore_ascii_case(word.as_bytes()));
+    let has = |word: &str| args.range(1..).any(|a| a.eq_ignore_ascii_case(word.as_bytes()));
     match name {
         "PING" | "ECHO" | "QUIT" | "COMMAND" | "SELECT" | "HELLO" | "AUTH" | "CLIENT" => return Route::Proxy,
         "SCAN" | "KEYS" | "DBSIZE" | "RANDOMKEY" | "FLUSHDB" | "FLUSHALL" | "INFO" | "TIME" | "LASTSAVE" => {

@@ -342,7 +342,7 @@ impl RedisSession {
             }
             "NUMSUB" | "SHARDNUMSUB" => {
                 let mut asks = Vec::new();
-                for channel in cmd.args.range(2..cmd.args.len()) {
+                for channel in cmd.args.range(2..) {
                     let Some(server) = pool.state().server_for(channel).cloned() else {
                         return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
                     };
@@ -380,8 +380,7 @@ impl RedisSession {
     /// `redis_version` (what clients such as BullMQ check), the keyspace
     /// summed per database.
     async fn info_all(&self, cmd: Command) -> PendingReply {
-        let asked: Vec<String> =
-            cmd.args.range(1..cmd.args.len()).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).collect();
+        let asked: Vec<String> = cmd.args.range(1..).map(|a| String::from_utf8_lossy(a).to_ascii_lowercase()).collect();
         let everything =
             asked.is_empty() || asked.iter().any(|s| matches!(s.as_str(), "all" | "everything" | "default"));
         let own = super::answers::info(&self.pool, &self.shared);

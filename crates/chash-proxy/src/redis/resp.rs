@@ -123,8 +123,11 @@ impl Args {
         self.spans.iter().map(|&span| self.at(span))
     }
 
-    /// The arguments at `range`, in order.
-    pub fn range(&self, range: std::ops::Range<usize>) -> impl ExactSizeIterator<Item = &[u8]> + Clone {
+    /// The arguments at `range` (`1..`: all but the name), in order.
+    pub fn range<R>(&self, range: R) -> impl ExactSizeIterator<Item = &[u8]> + Clone
+    where
+        R: std::slice::SliceIndex<[(u32, u32)], Output = [(u32, u32)]>,
+    {
         self.spans[range].iter().map(|&span| self.at(span))
     }
 
@@ -542,12 +545,13 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         if &buf[start + len..start + len + 2] != b"\r\n" {
             return Some(Request::Error("Protocol error: bulk string not followed by CRLF".into()));
         }
-        if start + len + 2 > u32::MAX as usize {
-            // Redis itself takes at most 1 GiB in one request.
-            return Some(Request::Error("Protocol error: request over 4 GiB".into()));
-        }
         spans.push((start as u32, len as u32));
         pos = start + len + 2;
+    }
+    if pos > u32::MAX as usize {
+        // Its spans do not fit (Redis itself takes at most 1 GiB in one
+        // request).
+        return Some(Request::Error("Protocol error: request over 4 GiB".into()));
     }
     let frame = buf.split_to(pos).freeze();
     Some(Request::Command(Command { args: Args { frame, spans } }))

@@ -60,9 +60,8 @@ impl RedisSession {
         let outbox = sub.outbox.clone();
         match name {
             "PING" if !resp3 => {
-                let arg = if cmd.args.len() > 1 { cmd.args.bytes(1) } else { Bytes::new() };
                 let mut out = BytesMut::from(&b"*2\r\n$4\r\npong\r\n"[..]);
-                out.extend_from_slice(&bulk(&arg));
+                out.extend_from_slice(&bulk(cmd.args.get(1).unwrap_or_default()));
                 outbox.push(out.freeze());
                 Step::Taken
             }

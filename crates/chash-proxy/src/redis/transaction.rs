@@ -56,14 +56,14 @@ impl RedisSession {
     pub(super) async fn watch(&mut self, cmd: Command) -> PendingReply {
         let pool = self.pool.clone();
         if pool.migrating() {
-            if let Err(refused) = self.move_first(cmd.args.range(1..cmd.args.len())).await {
+            if let Err(refused) = self.move_first(cmd.args.range(1..)).await {
                 return refused;
             }
         }
         let server = {
             let state = pool.state();
             let mut server: Option<Arc<Server>> = self.watch.as_ref().map(|w| w.server.clone());
-            for key in cmd.args.range(1..cmd.args.len()) {
+            for key in cmd.args.range(1..) {
                 let Some(s) = state.server_for(key) else {
                     return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
                 };
