@@ -191,6 +191,7 @@ impl<'a, T: AsRef<[u8]> + 'a> From<&'a [T]> for Args {
             spans.push((at as u32, len as u32));
             at += len + 2;
         }
+        assert!(at <= u32::MAX as usize, "arguments over 4 GiB");
         Args { frame, spans }
     }
 }
@@ -538,6 +539,11 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
             _ => return Some(Request::Error("Protocol error: invalid bulk length".into())),
         };
         let start = end + 2;
+        if start + len + 2 > u32::MAX as usize {
+            // Its spans would not fit (Redis itself takes at most 1 GiB in
+            // one request): refused at this header, before it is buffered.
+            return Some(Request::Error("Protocol error: request over 4 GiB".into()));
+        }
         if buf.len() < start + len + 2 {
             buf.reserve((start + len + 2 - buf.len()).min(1 << 20));
             return Some(Request::Incomplete);
@@ -547,11 +553,6 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits) -> Option<Request> {
         }
         spans.push((start as u32, len as u32));
         pos = start + len + 2;
-    }
-    if pos > u32::MAX as usize {
-        // Its spans do not fit (Redis itself takes at most 1 GiB in one
-        // request).
-        return Some(Request::Error("Protocol error: request over 4 GiB".into()));
     }
     let frame = buf.split_to(pos).freeze();
     Some(Request::Command(Command { args: Args { frame, spans } }))
@@ -943,6 +944,7 @@ mod tests {
                         put_bulk(&mut want, item);
                     }
                     proptest::prop_assert_eq!(args.framed(from..to), &want[..]);
+                    proptest::prop_assert_eq!(parsed.args.framed(from..to), &want[..]);
                 }
             }
         }
@@ -1093,6 +1095,19 @@ mod tests {
         assert!(matches!(req(b"*1\r\n$3\r\nabcde\r\n"), Request::Error(_)));
         let limits = RespLimits { max_args: 3, max_bulk: 4 };
         assert!(matches!(parse_request(&mut BytesMut::from(&b"*4\r\n"[..]), limits), Request::Error(_)));
+        // A request whose arguments would pass 4 GiB is refused at the
+        // header that takes it past, not after it is all buffered.
+        let huge = RespLimits { max_args: 3, max_bulk: 8 << 30 };
+        let mut buf = BytesMut::from(&b"*2\r\n$3\r\nSET\r\n$4294967290\r\nabc"[..]);
+        let Request::Error(e) = parse_request(&mut buf, huge) else { panic!("accepted a 4 GiB argument") };
+        assert!(e.contains("4 GiB"), "{e}");
+        let mut buf = BytesMut::from(&b"*2\r\n$3\r\nSET\r\n$4294967200\r\nabc"[..]);
+        assert!(matches!(parse_request(&mut buf, huge), Request::Incomplete));
+        // An inline command's arguments are framed as a client would have
+        // sent them in an array.
+        let Request::Command(inline) = req(b"MGET a bc\r\n") else { panic!("inline") };
+        assert_eq!(inline.args.framed(1..3), b"$1\r\na\r\n$2\r\nbc\r\n");
+        assert_eq!(inline.args.framed(0..1), b"$4\r\nMGET\r\n");
         // An argument over the limit is read past, whatever the pieces.
         let input = b"*3\r\n$3\r\nSET\r\n$5\r\nabcde\r\n$2\r\nxy\r\n*1\r\n$4\r\nPING\r\n";
         for piece in 1..input.len() {

@@ -517,6 +517,12 @@ impl RedisSession {
     async fn split(&self, cmd: Command, first: usize, step: usize, gather: Gather) -> PendingReply {
         let pool = &self.pool;
         let state = pool.state();
+        if !(cmd.args.len() - first).is_multiple_of(step) {
+            // The command table refuses these counts before a split (MSET
+            // with a key and no value); kept here so a split never frames a
+            // key without its value.
+            return ready_owned(forward_error(pool, "ERR wrong number of arguments".into()));
+        }
         let total = (cmd.args.len() - first) / step;
         // Each key's group (by server), and per group its server and how
         // many keys.
