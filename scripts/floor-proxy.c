@@ -51,7 +51,7 @@ static void reserve(buf_t *b, size_t extra) {
         b->start = 0;
     }
     if (b->end + extra > b->cap) {
-        size_t c = b->cap ? b->cap : 16384;
+        size_t c = b->cap ? b->cap : 256;
         while (c < b->end + extra) c *= 2;
         b->p = realloc(b->p, c);
         if (!b->p) abort();
@@ -83,17 +83,21 @@ typedef struct client {
     struct client *next_dirty;
 } client_t;
 
+/* Kept on a free list when answered, their buffers with them: no
+ * allocation per request once the first ones are made. */
 typedef struct req {
     struct req *next;
     client_t *c;
     int pending;     /* fragments still to come */
     int done;        /* its reply is in `reply` */
-    int nkeys;       /* split MGET: keys, in the client's order */
+    int nkeys;       /* split MGET: keys, in the client's order; 0 if not split */
     buf_t reply;     /* a reply that came before the requests ahead of it */
-    buf_t *frags;    /* split MGET: each server's reply */
-    uint8_t *key_frag; /* split MGET: which fragment has key i */
-    uint16_t *key_item; /* and its position there */
+    buf_t frags[MAX_SERVERS];    /* split MGET: each server's reply */
+    uint8_t key_frag[MAX_KEYS];  /* split MGET: which fragment has key i */
+    uint16_t key_item[MAX_KEYS]; /* and its position there */
 } req_t;
+
+static req_t *free_reqs;
 
 typedef struct {
     req_t *r;
@@ -198,14 +202,10 @@ static long reply_end(const char *p, size_t len, size_t at) {
 }
 
 static void free_req(req_t *r) {
-    free(r->reply.p);
-    if (r->frags) {
-        for (int i = 0; i < nservers; i++) free(r->frags[i].p);
-        free(r->frags);
-        free(r->key_frag);
-        free(r->key_item);
-    }
-    free(r);
+    r->reply.start = r->reply.end = 0;
+    for (int i = 0; i < nservers; i++) r->frags[i].start = r->frags[i].end = 0;
+    r->next = free_reqs;
+    free_reqs = r;
 }
 
 static void maybe_free_client(client_t *c) {
@@ -236,7 +236,7 @@ static void drain(client_t *c) {
 /* A fragment's reply, p[0..n], for request r. */
 static void deliver(req_t *r, int frag, const char *p, size_t n) {
     client_t *c = r->c;
-    if (!r->frags) {
+    if (!r->nkeys) {
         if (c->head == r && !c->closed) {
             /* The common case: straight into the client's output. */
             append(&c->out, p, n);
@@ -244,7 +244,7 @@ static void deliver(req_t *r, int frag, const char *p, size_t n) {
             c->head = r->next;
             if (!c->head) c->tail = NULL;
             c->outstanding--;
-            free(r);
+            free_req(r);
             drain(c);
             return;
         }
@@ -256,10 +256,10 @@ static void deliver(req_t *r, int frag, const char *p, size_t n) {
     append(&r->frags[frag], p, n);
     if (--r->pending > 0) return;
     /* Every server has answered: the items in the client's key order. */
-    size_t *offs[MAX_SERVERS] = {0};
+    static size_t offs[MAX_SERVERS][MAX_KEYS + 1];
     for (int f = 0; f < nservers; f++) {
         buf_t *b = &r->frags[f];
-        if (!b->p) continue;
+        if (b->end == 0) continue;
         long count;
         long cr = line_number(b->p, b->end, 1, &count);
         if (b->p[0] != '*' || count < 0) {
@@ -267,7 +267,6 @@ static void deliver(req_t *r, int frag, const char *p, size_t n) {
             append(&r->reply, b->p, b->end);
             goto done;
         }
-        offs[f] = malloc(sizeof(size_t) * ((size_t)count + 1));
         size_t at = (size_t)cr + 2;
         for (long i = 0; i < count; i++) {
             offs[f][i] = at;
@@ -281,13 +280,20 @@ static void deliver(req_t *r, int frag, const char *p, size_t n) {
         append(&r->reply, r->frags[f].p + offs[f][i], offs[f][i + 1] - offs[f][i]);
     }
 done:
-    for (int f = 0; f < nservers; f++) free(offs[f]);
     r->done = 1;
     drain(c);
 }
 
 static req_t *new_req(client_t *c) {
-    req_t *r = calloc(1, sizeof *r);
+    req_t *r = free_reqs;
+    if (r) {
+        free_reqs = r->next;
+    } else {
+        r = calloc(1, sizeof *r);
+        if (!r) abort();
+    }
+    r->next = NULL;
+    r->pending = r->done = r->nkeys = 0;
     r->c = c;
     if (c->tail)
         c->tail->next = r;
@@ -344,9 +350,6 @@ static int handle_requests(client_t *c) {
         } else {
             int keys[MAX_SERVERS] = {0};
             r->nkeys = (int)n - 1;
-            r->frags = calloc((size_t)nservers, sizeof(buf_t));
-            r->key_frag = malloc((size_t)r->nkeys);
-            r->key_item = malloc(sizeof(uint16_t) * (size_t)r->nkeys);
             for (long i = 1; i < n; i++) {
                 int f = (int)(fnv1a64(p + arg_at[i], arg_len[i]) % (uint64_t)nservers);
                 r->key_frag[i - 1] = (uint8_t)f;
