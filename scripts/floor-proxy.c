@@ -1,6 +1,8 @@
 /*
- * floor-proxy: the least CPU a Redis sharding proxy can spend per request on
- * this machine, for scripts/bench-cpu --floor (issue 31).
+ * floor-proxy: a Redis sharding proxy with almost no code of its own, to
+ * measure what forwarding alone costs on a machine: scripts/bench-cpu
+ * --floor (issue 31). Not a proven lower bound: a proxy can spend less in
+ * the kernel than this one does (chash does, in some sittings).
  *
  * Not a product and not a part of chash: a measuring stick. It does only what
  * any proxy must do and nothing else: one thread, level-triggered epoll, one
@@ -10,9 +12,8 @@
  * MGET each and merges their replies in the client's key order, and sends each
  * client its replies in request order. Writes are deferred to the end of each
  * epoll wake, so a server gets one write for all the clients' requests of
- * that wake and a client one for all its replies: the fewest system calls
- * possible for a proxy (one read and one write per unpipelined client
- * request). No timeouts, no limits, no stats, no config, no failover, no
+ * that wake and a client one for all its replies (one read and one write
+ * per unpipelined client request, as chash). No timeouts, no limits, no stats, no config, no failover, no
  * error handling beyond closing a client that sends something else.
  *
  * Build: cc -O2 -o floor-proxy scripts/floor-proxy.c
@@ -65,10 +66,18 @@ static void append(buf_t *b, const char *s, size_t n) {
     b->end += n;
 }
 
+/* A length line, `*12\r\n`; n >= 0. */
 static void append_len(buf_t *b, char type, long n) {
     char line[32];
-    int k = snprintf(line, sizeof line, "%c%ld\r\n", type, n);
-    append(b, line, (size_t)k);
+    int k = sizeof line;
+    line[--k] = '\n';
+    line[--k] = '\r';
+    do {
+        line[--k] = (char)('0' + n % 10);
+        n /= 10;
+    } while (n > 0);
+    line[--k] = type;
+    append(b, line + k, sizeof line - (size_t)k);
 }
 
 enum kind { LISTENER, CLIENT, SERVER };
@@ -338,8 +347,12 @@ static int handle_requests(client_t *c) {
         int first = n >= 2 ? (int)(fnv1a64(p + arg_at[1], arg_len[1]) % (uint64_t)nservers) : 0;
         int split = 0;
         if (n > 2 && arg_len[0] == 4 && strncasecmp(p + arg_at[0], "MGET", 4) == 0) {
-            for (long i = 2; i < n && !split; i++)
-                split = (int)(fnv1a64(p + arg_at[i], arg_len[i]) % (uint64_t)nservers) != first;
+            /* Each key hashed once: its server kept for the split. */
+            r->key_frag[0] = (uint8_t)first;
+            for (long i = 2; i < n; i++) {
+                r->key_frag[i - 1] = (uint8_t)(fnv1a64(p + arg_at[i], arg_len[i]) % (uint64_t)nservers);
+                split |= r->key_frag[i - 1] != first;
+            }
         }
         if (!split) {
             server_t *s = &servers[first];
@@ -350,11 +363,7 @@ static int handle_requests(client_t *c) {
         } else {
             int keys[MAX_SERVERS] = {0};
             r->nkeys = (int)n - 1;
-            for (long i = 1; i < n; i++) {
-                int f = (int)(fnv1a64(p + arg_at[i], arg_len[i]) % (uint64_t)nservers);
-                r->key_frag[i - 1] = (uint8_t)f;
-                r->key_item[i - 1] = (uint16_t)keys[f]++;
-            }
+            for (long i = 1; i < n; i++) r->key_item[i - 1] = (uint16_t)keys[r->key_frag[i - 1]]++;
             for (int f = 0; f < nservers; f++) {
                 if (!keys[f]) continue;
                 server_t *s = &servers[f];
@@ -410,6 +419,10 @@ static void on_server(server_t *s) {
             exit(1);
         }
         if (e < 0) break;
+        if (s->qlen == 0) {
+            fprintf(stderr, "floor-proxy: a reply no request asked for\n");
+            exit(1);
+        }
         slot_t slot = s->q[s->qhead];
         s->qhead = (s->qhead + 1) % s->qcap;
         s->qlen--;
@@ -480,9 +493,7 @@ int main(int argc, char **argv) {
         /* Before sleeping, the CPU is offered to the processes this wake's
          * writes woke (as chash's workers do before they park): they run
          * now rather than preempting this process later, and their answers
-         * are often in by the time it looks. On the 2-core VM (bench-cpu
-         * --floor, two sittings) it took twemproxy / floor for unpipelined
-         * GET/SET from 1.15 to 1.25. */
+         * are often in by the time it looks. */
         sched_yield();
         int n = epoll_wait(ep, evs, 256, -1);
         if (n < 0 && errno == EINTR) continue;
@@ -503,7 +514,7 @@ int main(int argc, char **argv) {
             } else {
                 server_t *s = evs[i].data.ptr;
                 if (evs[i].events & EPOLLOUT) mark_server(s);
-                if (evs[i].events & EPOLLIN) on_server(s);
+                if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) on_server(s);
             }
         }
         /* The wake's writes: one per server, one per client. */

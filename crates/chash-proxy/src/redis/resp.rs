@@ -1101,8 +1101,13 @@ mod tests {
         let mut buf = BytesMut::from(&b"*2\r\n$3\r\nSET\r\n$4294967290\r\nabc"[..]);
         let Request::Error(e) = parse_request(&mut buf, huge) else { panic!("accepted a 4 GiB argument") };
         assert!(e.contains("4 GiB"), "{e}");
-        let mut buf = BytesMut::from(&b"*2\r\n$3\r\nSET\r\n$4294967200\r\nabc"[..]);
+        // At the bound exactly: this argument's end (its header, 26 bytes
+        // in, plus its length and CRLF) is u32::MAX, still taken; one byte
+        // more is not.
+        let mut buf = BytesMut::from(&b"*2\r\n$3\r\nSET\r\n$4294967267\r\nabc"[..]);
         assert!(matches!(parse_request(&mut buf, huge), Request::Incomplete));
+        let mut buf = BytesMut::from(&b"*2\r\n$3\r\nSET\r\n$4294967268\r\nabc"[..]);
+        assert!(matches!(parse_request(&mut buf, huge), Request::Error(_)));
         // An inline command's arguments are framed as a client would have
         // sent them in an array.
         let Request::Command(inline) = req(b"MGET a bc\r\n") else { panic!("inline") };

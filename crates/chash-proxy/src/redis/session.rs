@@ -521,7 +521,7 @@ impl RedisSession {
             // The command table refuses these counts before a split (MSET
             // with a key and no value); kept here so a split never frames a
             // key without its value.
-            return ready_owned(forward_error(pool, "ERR wrong number of arguments".into()));
+            return err(pool, arity(&String::from_utf8_lossy(&cmd.args[0])));
         }
         let total = (cmd.args.len() - first) / step;
         // Each key's group (by server), and per group its server and how
