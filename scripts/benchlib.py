@@ -53,6 +53,13 @@ def variants(args):
     return out
 
 
+def build_floor(dest, debug=False):
+    """Builds scripts/floor-proxy.c (the reference forwarder) at `dest`; returns `dest`."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "floor-proxy.c")
+    subprocess.run([os.environ.get("CC", "cc"), "-O2"] + (["-g"] if debug else []) + ["-o", dest, source], check=True)
+    return dest
+
+
 def start_chash(chash, config, extra, fixed_args):
     """Starts `chash proxy -c config` (or another build: extra = '@PATH ARGS')."""
     binary = chash

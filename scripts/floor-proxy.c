@@ -226,19 +226,24 @@ static void maybe_free_client(client_t *c) {
     }
 }
 
+/* The client's first request, answered: off its queue, `n` bytes of its
+ * reply at `p` to the client's output (dropped if it has gone). */
+static void answer_head(client_t *c, const char *p, size_t n) {
+    req_t *r = c->head;
+    c->head = r->next;
+    if (!c->head) c->tail = NULL;
+    if (!c->closed) {
+        append(&c->out, p, n);
+        mark_client(c);
+    }
+    c->outstanding--;
+    free_req(r);
+}
+
 /* Sends the client the replies at the head of its queue that are done. */
 static void drain(client_t *c) {
-    while (c->head && c->head->done) {
-        req_t *r = c->head;
-        c->head = r->next;
-        if (!c->head) c->tail = NULL;
-        if (!c->closed) {
-            append(&c->out, r->reply.p + r->reply.start, r->reply.end - r->reply.start);
-            mark_client(c);
-        }
-        c->outstanding--;
-        free_req(r);
-    }
+    while (c->head && c->head->done) answer_head(c, c->head->reply.p + c->head->reply.start,
+                                                 c->head->reply.end - c->head->reply.start);
     maybe_free_client(c);
 }
 
@@ -246,14 +251,9 @@ static void drain(client_t *c) {
 static void deliver(req_t *r, int frag, const char *p, size_t n) {
     client_t *c = r->c;
     if (!r->nkeys) {
-        if (c->head == r && !c->closed) {
+        if (c->head == r) {
             /* The common case: straight into the client's output. */
-            append(&c->out, p, n);
-            mark_client(c);
-            c->head = r->next;
-            if (!c->head) c->tail = NULL;
-            c->outstanding--;
-            free_req(r);
+            answer_head(c, p, n);
             drain(c);
             return;
         }
@@ -387,8 +387,7 @@ static void close_client(client_t *c) {
     close(c->fd);
     c->closed = 1;
     c->in.start = c->in.end = 0;
-    /* A client on the dirty list is freed after the flush. */
-    if (!c->dirty) maybe_free_client(c);
+    maybe_free_client(c); /* not while on the dirty list: freed after the flush */
 }
 
 static void on_client(client_t *c) {
