@@ -249,6 +249,57 @@ fn pipelining_many_clients_never_mixes_replies() {
     assert_eq!(mismatches.load(Relaxed), 0);
 }
 
+/// Split commands back to back on one connection, pipelined (each
+/// framed while the parts and replies of those before it are still held)
+/// and then one at a time (each framed in the memory of the one before):
+/// every MSET lands whole and every MGET gives its own round's values, in
+/// its keys' order.
+#[test]
+fn split_commands_back_to_back_keep_their_own_parts_and_replies() {
+    let rs = servers(3);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    // md5: FNV-1a would put these keys, alike but for their end, together.
+    let proxy = Proxy::start(&config("  hash: md5\n", &refs));
+    let mut c = Resp::connect(proxy.addr);
+    let keys: Vec<String> = (0..20).map(|i| format!("split:{i}")).collect();
+    let round = |r: usize| -> (Vec<u8>, Vec<u8>, String) {
+        let mut mset = vec!["MSET".to_owned()];
+        for k in &keys {
+            mset.push(k.clone());
+            mset.push(format!("{k}={r}"));
+        }
+        let mset: Vec<&str> = mset.iter().map(String::as_str).collect();
+        let mut mget = vec!["MGET"];
+        mget.extend(keys.iter().rev().map(String::as_str));
+        let want = keys.iter().rev().map(|k| format!("\"{k}={r}\"")).collect::<Vec<_>>().join(", ");
+        (Resp::encode(&mset), Resp::encode(&mget), format!("[{want}]"))
+    };
+    let mut batch = Vec::new();
+    let mut wants = Vec::new();
+    for r in 0..50 {
+        let (mset, mget, want) = round(r);
+        batch.extend(mset);
+        batch.extend(mget);
+        wants.push(want);
+    }
+    c.w.write_all(&batch).unwrap();
+    for (r, want) in wants.iter().enumerate() {
+        assert_eq!(c.read(), "+OK", "pipelined round {r}: MSET");
+        assert_eq!(&c.read(), want, "pipelined round {r}: MGET");
+    }
+    for r in 50..250 {
+        let (mset, mget, want) = round(r);
+        c.w.write_all(&mset).unwrap();
+        assert_eq!(c.read(), "+OK", "round {r}: MSET");
+        c.w.write_all(&mget).unwrap();
+        assert_eq!(c.read(), want, "round {r}: MGET");
+    }
+    // The commands were split: every server holds some of the keys.
+    for r in &rs {
+        assert_ne!(direct(r).cmd(&["DBSIZE"]), ":0", "a server got none of the keys");
+    }
+}
+
 /// A value of `len` bytes that encodes its key and every position.
 fn big_value(key: &str, len: usize) -> String {
     let mut v = String::with_capacity(len + 16);

@@ -43,7 +43,24 @@ pub(crate) struct RedisSession {
     pub(super) sub: Option<super::pubsub::Subscribed>,
     /// A Sentinel pool whose reads may go to replicas: its policy.
     pub(super) reads: Option<chash::ReadPolicy>,
+    /// Where a split command's parts are framed ([`RedisSession::split`]),
+    /// kept from command to command: the parts are dropped once written to
+    /// their servers, so the next command's reuse the same memory.
+    split_buf: BytesMut,
+    /// Where a split command's reply is put together (`MGET`), lent to
+    /// each [`Gathering`] and reclaimed once its reply has been written to
+    /// the client (`None` until the first).
+    merge_buf: Option<BytesMut>,
 }
+
+/// The largest split command (its parts framed) whose parts are framed in
+/// the session's kept buffer; larger ones get a buffer of their own, so a
+/// session keeps at most about this much.
+const SPLIT_BUF: usize = 16 * 1024;
+
+/// The size of the buffer a session lends to its split commands' replies
+/// (`MERGE_BUF`): larger replies get one of their own.
+const MERGE_BUF: usize = 4 * 1024;
 
 /// The server connection a client's `WATCH` went on: its `EXEC` goes on
 /// the same one, and nothing of another client's does.
@@ -122,6 +139,8 @@ impl RedisSession {
             watch: None,
             sub: None,
             reads,
+            split_buf: BytesMut::new(),
+            merge_buf: None,
         }
     }
 }
@@ -514,7 +533,7 @@ impl RedisSession {
 
     /// Splits a multi-key command by server: keys from argument `first`,
     /// each followed by `step - 1` values.
-    async fn split(&self, cmd: Command, first: usize, step: usize, gather: Gather) -> PendingReply {
+    async fn split(&mut self, cmd: Command, first: usize, step: usize, gather: Gather) -> PendingReply {
         let pool = &self.pool;
         let state = pool.state();
         if !(cmd.args.len() - first).is_multiple_of(step) {
@@ -559,12 +578,13 @@ impl RedisSession {
         let name = cmd.args.framed(0..first);
         let mut waits: SmallVec<[_; 4]> = SmallVec::with_capacity(groups.len());
         // Every group's command in one buffer, each split off as it is
-        // framed: one allocation for them all. The keys (each with its
-        // values) are copied as the client framed them, a run of them
-        // bound for one server in one piece.
-        let mut out = BytesMut::with_capacity(
-            cmd.args.frame().len() + groups.len() * (len_line_size(first + total * step) + name.len()),
-        );
+        // framed: the session's kept buffer when they fit it (nothing
+        // allocated once its earlier parts are written), else one
+        // allocation for them all. The keys (each with its values) are
+        // copied as the client framed them, a run of them bound for one
+        // server in one piece.
+        let need = cmd.args.frame().len() + groups.len() * (len_line_size(first + total * step) + name.len());
+        let (mut out, kept) = framing_buf(&mut self.split_buf, need);
         for (g, (server, keys)) in groups.into_iter().enumerate() {
             put_len(&mut out, b'*', first + keys * step);
             out.extend_from_slice(name);
@@ -591,7 +611,16 @@ impl RedisSession {
             };
             waits.push((server, pending, keys));
         }
+        if kept {
+            // Empty now; what the parts did not use is for the next.
+            self.split_buf = out;
+        }
+        let buf = match gather {
+            Gather::InOrder => lend(&mut self.merge_buf),
+            Gather::AllOk | Gather::Sum => BytesMut::new(),
+        };
         later(Gathering {
+            buf,
             waits,
             next: 0,
             parts: SmallVec::new(),
@@ -606,11 +635,41 @@ impl RedisSession {
     }
 }
 
+/// The buffer a split command's parts (`need` bytes in all) are framed in,
+/// and whether it is `kept`'s, to be given back once they are split off:
+/// its room is reused, and once the parts framed in it before have been
+/// written and dropped it starts again at the front (nothing allocated).
+/// A command over [`SPLIT_BUF`] gets one of its own.
+fn framing_buf(kept: &mut BytesMut, need: usize) -> (BytesMut, bool) {
+    if need > SPLIT_BUF {
+        return (BytesMut::with_capacity(need), false);
+    }
+    let mut buf = std::mem::take(kept);
+    buf.reserve(need);
+    (buf, true)
+}
+
+/// A buffer of [`MERGE_BUF`] bytes from `kept`, which keeps a handle on it:
+/// the same memory each time once the reply it went into last has been
+/// written and dropped (nothing allocated); while that reply is still
+/// held (pipelined commands), an empty buffer, allocated when filled.
+fn lend(kept: &mut Option<BytesMut>) -> BytesMut {
+    let buf = kept.get_or_insert_with(|| BytesMut::with_capacity(MERGE_BUF));
+    if buf.try_reclaim(MERGE_BUF) {
+        buf.split_off(0)
+    } else {
+        BytesMut::new()
+    }
+}
+
 /// The reply of a command split by server ([`RedisSession::split`]): each
 /// part's reply awaited in turn, then put together as the command's
 /// [`Gather`] says. Polled as it is (no future nested in a future, moved
 /// and boxed whole, as an `async` block would be).
 struct Gathering {
+    /// Where the reply is put together (`InOrder`): the session's lent
+    /// buffer, or an empty one (allocated when needed).
+    buf: BytesMut,
     /// Each part's server, its reply to come and how many keys it holds.
     waits: SmallVec<[(Arc<Server>, Pending, usize); 4]>,
     /// The first of `waits` whose reply has not come.
@@ -618,8 +677,8 @@ struct Gathering {
     /// The parts' replies so far (`InOrder`), each with where its next
     /// item starts.
     parts: SmallVec<[(Bytes, usize); 4]>,
-    /// The merged reply's exact size when every part is whole (a buffer
-    /// filled to its capacity becomes a reply without another allocation).
+    /// The merged reply's exact size when every part is whole (reserved
+    /// before it is put together: one allocation at most).
     size: usize,
     /// The parts' integers so far (`Sum`).
     sum: i64,
@@ -675,7 +734,8 @@ impl Gathering {
     fn merged(&mut self) -> Bytes {
         match self.gather {
             Gather::InOrder => {
-                let mut out = BytesMut::with_capacity(self.size);
+                let mut out = std::mem::take(&mut self.buf);
+                out.reserve(self.size);
                 put_len(&mut out, b'*', self.total);
                 for &g in &self.group_of {
                     let Some((frame, at)) = self.parts.get_mut(usize::from(g)) else {
@@ -715,5 +775,89 @@ impl std::future::Future for Gathering {
             }
         }
         std::task::Poll::Ready(Some(Out::Bytes(this.merged())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether `part` lies in the memory `first` (its start and capacity)
+    /// was given.
+    fn within(part: &[u8], first: (usize, usize)) -> bool {
+        let at = part.as_ptr() as usize;
+        at >= first.0 && at + part.len() <= first.0 + first.1
+    }
+
+    /// Split commands one after the other, each's parts dropped before the
+    /// next (written to their servers): all framed in the memory of the
+    /// first buffer, nothing allocated after it; a part still held when
+    /// the room runs out makes a new buffer, and no part is overwritten.
+    #[test]
+    fn split_parts_reuse_the_sessions_buffer_once_written() {
+        let mut kept = BytesMut::new();
+        let (buf, is_kept) = framing_buf(&mut kept, 300);
+        assert!(is_kept);
+        let first = (buf.as_ptr() as usize, buf.capacity());
+        kept = buf;
+        for round in 0..1000u32 {
+            let (mut out, is_kept) = framing_buf(&mut kept, 300);
+            assert!(is_kept);
+            let mut parts = Vec::new();
+            for p in 0..3u32 {
+                out.extend_from_slice(format!("*2\r\n$4\r\nMGET\r\n${round}:{p}\r\n").as_bytes());
+                parts.push(out.split().freeze());
+            }
+            kept = out;
+            for (p, part) in parts.iter().enumerate() {
+                assert!(within(part, first), "round {round}: part {p} framed in new memory");
+                assert_eq!(&part[..], format!("*2\r\n$4\r\nMGET\r\n${round}:{p}\r\n").as_bytes());
+            }
+        }
+        // A part not yet written when the room runs out: new memory, the
+        // held part intact.
+        let (mut out, _) = framing_buf(&mut kept, 300);
+        out.extend_from_slice(b"held");
+        let held = out.split().freeze();
+        kept = out;
+        for _ in 0..100 {
+            let (mut out, _) = framing_buf(&mut kept, 300);
+            out.extend_from_slice(&[b'x'; 200]);
+            drop(out.split());
+            kept = out;
+        }
+        assert_eq!(&held[..], b"held");
+        // Over the limit: a buffer of its own, the kept one untouched.
+        let before = kept.as_ptr();
+        let (big, is_kept) = framing_buf(&mut kept, SPLIT_BUF + 1);
+        assert!(!is_kept && big.capacity() > SPLIT_BUF);
+        assert_eq!(kept.as_ptr(), before);
+    }
+
+    /// The buffer a split command's reply is put together in: the same
+    /// memory each time once the last reply is dropped; while it is held
+    /// (pipelined commands), an empty one, so the held reply is never
+    /// written over.
+    #[test]
+    fn merge_buffers_are_lent_again_once_their_reply_is_dropped() {
+        let mut kept = None;
+        let mut buf = lend(&mut kept);
+        assert!(buf.capacity() >= MERGE_BUF);
+        let first = (buf.as_ptr() as usize, buf.capacity());
+        for round in 0..1000u32 {
+            buf.extend_from_slice(format!("*1\r\n${round}\r\n").as_bytes());
+            let reply = buf.freeze();
+            assert!(within(&reply, first), "round {round}: a reply put together in new memory");
+            drop(reply);
+            buf = lend(&mut kept);
+        }
+        buf.extend_from_slice(b"*1\r\n$1\r\nA\r\n");
+        let held = buf.freeze();
+        let mut other = lend(&mut kept);
+        assert_eq!(other.capacity(), 0, "lent while the last reply is held");
+        other.extend_from_slice(b"*1\r\n$1\r\nB\r\n");
+        assert_eq!(&held[..], b"*1\r\n$1\r\nA\r\n");
+        drop((held, other));
+        assert!(lend(&mut kept).capacity() >= MERGE_BUF);
     }
 }
