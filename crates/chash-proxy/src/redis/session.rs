@@ -55,8 +55,13 @@ pub(crate) struct RedisSession {
 
 /// The largest split command (its parts framed) whose parts are framed in
 /// the session's kept buffer; larger ones get a buffer of their own, so a
-/// session keeps at most about this much.
+/// session keeps at most this much (with [`MERGE_BUF`], 20 KiB once it has
+/// split a command, beside its connection's 16 KiB read and write
+/// buffers).
 const SPLIT_BUF: usize = 16 * 1024;
+
+/// The size of a new kept buffer at least: room for several commands.
+const SPLIT_BUF_MIN: usize = 1024;
 
 /// The size of the buffer a session lends to its split commands' replies
 /// (`MERGE_BUF`): larger replies get one of their own.
@@ -645,7 +650,12 @@ fn framing_buf(kept: &mut BytesMut, need: usize) -> (BytesMut, bool) {
         return (BytesMut::with_capacity(need), false);
     }
     let mut buf = std::mem::take(kept);
-    buf.reserve(need);
+    // Room left, or the whole buffer again once nothing else holds it;
+    // else a new one (the old one is freed with the last part framed in
+    // it), never larger than the limit.
+    if !buf.try_reclaim(need) {
+        buf = BytesMut::with_capacity(need.max(SPLIT_BUF_MIN));
+    }
     (buf, true)
 }
 
@@ -799,21 +809,37 @@ mod tests {
         let (buf, is_kept) = framing_buf(&mut kept, 300);
         assert!(is_kept);
         let first = (buf.as_ptr() as usize, buf.capacity());
+        assert!(first.1 <= SPLIT_BUF);
         kept = buf;
+        let mut end = first.0;
+        let (mut follow_on, mut from_front) = (0, 0);
         for round in 0..1000u32 {
             let (mut out, is_kept) = framing_buf(&mut kept, 300);
             assert!(is_kept);
+            // The room left after the last command's parts, or the front
+            // again: never a buffer of its own (which would start at the
+            // front of its memory every time).
+            let start = out.as_ptr() as usize;
+            if start == end {
+                follow_on += 1;
+            } else {
+                assert_eq!(start, first.0, "round {round}: neither after the last parts nor at the front");
+                from_front += 1;
+            }
             let mut parts = Vec::new();
             for p in 0..3u32 {
                 out.extend_from_slice(format!("*2\r\n$4\r\nMGET\r\n${round}:{p}\r\n").as_bytes());
                 parts.push(out.split().freeze());
             }
+            end = out.as_ptr() as usize;
             kept = out;
+            assert!(kept.capacity() <= SPLIT_BUF);
             for (p, part) in parts.iter().enumerate() {
                 assert!(within(part, first), "round {round}: part {p} framed in new memory");
                 assert_eq!(&part[..], format!("*2\r\n$4\r\nMGET\r\n${round}:{p}\r\n").as_bytes());
             }
         }
+        assert!(follow_on > 500 && from_front > 10, "{follow_on} after the last, {from_front} from the front");
         // A part not yet written when the room runs out: new memory, the
         // held part intact.
         let (mut out, _) = framing_buf(&mut kept, 300);
