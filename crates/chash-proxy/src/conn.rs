@@ -345,20 +345,18 @@ pub(crate) trait Halves: Send + 'static {
 /// The replies of a connection's requests, in request order, from its
 /// reader to its writer (one task: a lock that is never contended).
 struct Replies {
-    queue: std::sync::Mutex<std::collections::VecDeque<PendingReply>>,
+    queue: parking_lot::Mutex<std::collections::VecDeque<PendingReply>>,
     /// The reader has ended: the writer ends once the queue is empty.
     done: AtomicBool,
 }
 
 impl Replies {
     fn push(&self, reply: PendingReply) {
-        if let Ok(mut q) = self.queue.lock() {
-            q.push_back(reply);
-        }
+        self.queue.lock().push_back(reply);
     }
 
     fn pop(&self) -> Option<PendingReply> {
-        self.queue.lock().ok()?.pop_front()
+        self.queue.lock().pop_front()
     }
 }
 
@@ -379,7 +377,7 @@ pub(crate) async fn serve<T, S>(
     let flow = Flow::new(settings.budget);
     let account = requester.account.clone();
     let replies =
-        Replies { queue: std::sync::Mutex::new(std::collections::VecDeque::new()), done: AtomicBool::new(false) };
+        Replies { queue: parking_lot::Mutex::new(std::collections::VecDeque::new()), done: AtomicBool::new(false) };
     let writer = async {
         if let Err(e) = write_replies(w, &replies, &flow, &account).await {
             tracing::debug!("client connection closed: {e}");
@@ -507,7 +505,7 @@ struct HalfFlag {
     /// are polled in the task's first poll).
     woken: AtomicBool,
     /// The connection's task, as its last poll gave it.
-    task: Arc<std::sync::Mutex<Option<std::task::Waker>>>,
+    task: Arc<parking_lot::Mutex<Option<std::task::Waker>>>,
 }
 
 impl std::task::Wake for HalfFlag {
@@ -519,7 +517,7 @@ impl std::task::Wake for HalfFlag {
         // Already marked: the task was woken by the mark, and has not
         // polled this half since.
         if !self.woken.swap(true, AcqRel) {
-            if let Some(task) = &*self.task.lock().unwrap_or_else(|e| e.into_inner()) {
+            if let Some(task) = &*self.task.lock() {
                 task.wake_by_ref();
             }
         }
@@ -528,7 +526,7 @@ impl std::task::Wake for HalfFlag {
 
 impl HalfWakes {
     fn new() -> HalfWakes {
-        let task = Arc::new(std::sync::Mutex::new(None));
+        let task = Arc::new(parking_lot::Mutex::new(None));
         let half = || {
             let flag = Arc::new(HalfFlag { woken: AtomicBool::new(true), task: task.clone() });
             Half { waker: std::task::Waker::from(flag.clone()), flag }
@@ -538,7 +536,7 @@ impl HalfWakes {
 
     /// Records the task's waker (it can change between polls).
     fn task(&self, waker: &std::task::Waker) {
-        let mut task = self.reader.flag.task.lock().unwrap_or_else(|e| e.into_inner());
+        let mut task = self.reader.flag.task.lock();
         if !task.as_ref().is_some_and(|t| t.will_wake(waker)) {
             *task = Some(waker.clone());
         }

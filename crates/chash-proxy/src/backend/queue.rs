@@ -11,9 +11,10 @@
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::Notify;
 
 use super::request::Job;
@@ -37,10 +38,10 @@ struct Shared<T> {
 }
 
 impl<T> Shared<T> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State<T>> {
-        // A panic while locked cannot leave the queue inconsistent (every
-        // change is one push or pop): carry on.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, State<T>> {
+        // Not poisoned by a panic while locked: every change is one push
+        // or pop, which a panic cannot leave half-done.
+        self.state.lock()
     }
 }
 
@@ -145,7 +146,7 @@ impl<T> Sender<T> {
 
     /// Puts `job` at the end of the queue `state` holds locked, and wakes
     /// the receiver if it waits.
-    fn queue(&self, mut state: std::sync::MutexGuard<'_, State<T>>, job: T) {
+    fn queue(&self, mut state: MutexGuard<'_, State<T>>, job: T) {
         state.jobs.push_back(job);
         wake_receiver(state);
     }
@@ -158,7 +159,7 @@ impl<T> Sender<T> {
 
 /// Lets go of the queue `state` holds locked, then wakes the receiver if
 /// it waits.
-fn wake_receiver<T>(mut state: std::sync::MutexGuard<'_, State<T>>) {
+fn wake_receiver<T>(mut state: MutexGuard<'_, State<T>>) {
     let waker = state.waiting.take();
     drop(state);
     if let Some(w) = waker {

@@ -5,9 +5,11 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
+
+use parking_lot::{Mutex, MutexGuard};
 
 use bytes::Bytes;
 
@@ -218,10 +220,10 @@ impl ReplyAccount {
         (ReplyTx { account: Some(self.clone()), slot }, Pending { account: Some(self.clone()), slot })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inbox> {
+    fn lock(&self) -> MutexGuard<'_, Inbox> {
         // Every change under the lock is one assignment: a panic cannot
-        // leave the inbox half-changed.
-        self.inbox.lock().unwrap_or_else(|e| e.into_inner())
+        // leave the inbox half-changed (the lock is not poisoned).
+        self.inbox.lock()
     }
 
     /// A reply arrives for slot `slot`: counted until the client takes it
