@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use parking_lot::{Mutex, MutexGuard};
-
 use bytes::Bytes;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::framing::{Framing, Reply, Setup};
 
