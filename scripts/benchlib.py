@@ -5,6 +5,11 @@ import subprocess
 import time
 
 
+# Rust's allocator entry points, as symbols (perf) and function names
+# (callgrind) show them: allocation, whichever profiler counts it.
+RUST_ALLOCATOR = ("__rust_alloc", "__rust_dealloc", "__rust_realloc", "__rdl_")
+
+
 def free_port():
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
