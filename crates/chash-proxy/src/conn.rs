@@ -24,7 +24,7 @@ use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch, Notify};
 
-use crate::backend::{ReplyAccount, ReplyStream, Requester};
+use crate::backend::{Delivered, Reply, ReplyAccount, ReplyStream, Requester};
 use crate::stats::{PerWorker, PoolCounters};
 
 /// A reply in the making: `None` means nothing is written (noreply).
@@ -64,25 +64,36 @@ impl PendingReply {
     }
 }
 
-impl Future for PendingReply {
-    type Output = Option<Out>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Out>> {
-        match self.get_mut() {
+impl PendingReply {
+    /// The reply, once it is ready; `offer`: the client's writer waits on
+    /// this reply alone (everything before it written, nothing queued
+    /// behind it), so a server's reply may be written to the client by its
+    /// server connection ([`Out::Sent`]).
+    fn poll_offering(&mut self, cx: &mut Context<'_>, offer: bool) -> Poll<Option<Out>> {
+        match self {
             PendingReply::Now(out) => Poll::Ready(out.take()),
             PendingReply::Later(f) => f.as_mut().poll(cx),
             PendingReply::Server(f) => {
-                let result = std::task::ready!(f.server.poll_finish(&mut f.pending, cx));
+                let result = std::task::ready!(f.server.poll_forward(&mut f.pending, cx, offer));
                 Poll::Ready(Some(match result {
-                    Ok(crate::backend::Reply::Whole(frame)) => Out::Bytes(frame),
-                    Ok(crate::backend::Reply::Stream(stream)) => {
+                    Ok(Delivered::Reply(Reply::Whole(frame))) => Out::Bytes(frame),
+                    Ok(Delivered::Reply(Reply::Stream(stream))) => {
                         f.pool.counters().streamed_replies.fetch_add(1, Relaxed);
                         Out::Stream(stream)
                     }
+                    Ok(Delivered::Sent(n)) => Out::Sent(n),
                     Err(e) => Out::Bytes((f.error)(&f.pool, f.server.id(), &e)),
                 }))
             }
         }
+    }
+}
+
+impl Future for PendingReply {
+    type Output = Option<Out>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Out>> {
+        self.get_mut().poll_offering(cx, false)
     }
 }
 
@@ -97,6 +108,10 @@ pub(crate) enum Out {
     Bytes(Bytes),
     /// A large reply arriving from its server a chunk at a time.
     Stream(ReplyStream),
+    /// Already written to the client, this many bytes, by the server
+    /// connection the reply came on (its slot was offered: see
+    /// [`PendingReply::poll_offering`]).
+    Sent(usize),
 }
 
 /// A reply whose bytes come whole.
@@ -340,6 +355,11 @@ pub(crate) trait Halves: Send + 'static {
     type Write: AsyncWrite + Unpin + Send;
     /// The two halves.
     fn halves(self) -> (Self::Read, Self::Write);
+    /// The socket under the write half, when replies can be written to it
+    /// by the server connections they come on (plaintext TCP).
+    fn socket(_w: &Self::Write) -> Option<Arc<tokio::net::tcp::OwnedWriteHalf>> {
+        None
+    }
 }
 
 /// The replies of a connection's requests, in request order, from its
@@ -351,6 +371,10 @@ struct Replies {
 }
 
 impl Replies {
+    fn is_empty(&self) -> bool {
+        self.queue.lock().is_empty()
+    }
+
     fn push(&self, reply: PendingReply) {
         self.queue.lock().push_back(reply);
     }
@@ -376,12 +400,17 @@ pub(crate) async fn serve<T, S>(
     let (r, w) = stream.halves();
     let flow = Flow::new(settings.budget);
     let account = requester.account.clone();
+    if let Some(socket) = T::socket(&w) {
+        account.attach(socket);
+    }
     let replies =
         Replies { queue: parking_lot::Mutex::new(std::collections::VecDeque::new()), done: AtomicBool::new(false) };
     let writer = async {
         if let Err(e) = write_replies(w, &replies, &flow, &account).await {
             tracing::debug!("client connection closed: {e}");
         }
+        // The socket is closed once its last holder lets it go.
+        drop(account.detach());
         // A reader waiting for room (a full window of requests whose
         // replies will never be written) would wait forever, holding the
         // connection: it stops now.
@@ -680,22 +709,21 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         // wakes the writer when it is): a ready reply joins the write
         // being gathered; one not ready waits, after what is gathered is
         // written.
-        let mut polled = false;
-        let now = std::future::poll_fn(|cx| match Pin::new(&mut next).poll(cx) {
-            Poll::Ready(b) => Poll::Ready(Some(b)),
-            Poll::Pending if polled || out.is_empty() => {
-                polled = true;
-                Poll::Pending
-            }
-            Poll::Pending => Poll::Ready(None),
-        })
-        .await;
+        let now = if out.is_empty() {
+            Some(alone(&mut next, replies, flow).await)
+        } else {
+            std::future::poll_fn(|cx| match Pin::new(&mut next).poll(cx) {
+                Poll::Ready(b) => Poll::Ready(Some(b)),
+                Poll::Pending => Poll::Ready(None),
+            })
+            .await
+        };
         let reply = match now {
             Some(b) => b,
             None => {
                 write_all(&mut w, &out, account).await?;
                 out.clear();
-                next.await
+                alone(&mut next, replies, flow).await
             }
         };
         match reply {
@@ -723,6 +751,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
                     }
                 }
             }
+            Some(Out::Sent(n)) => flow.done(Some(n)),
             None => flow.done(None),
         }
         if out.len() >= 64 * 1024 {
@@ -733,8 +762,26 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     if !out.is_empty() {
         write_all(&mut w, &out, account).await?;
     }
+    // Every reply is out: the socket is the writer's alone again, to shut.
+    drop(account.detach());
     w.flush().await?;
     w.shutdown().await
+}
+
+/// `next`, awaited by a writer with nothing unwritten before it. While
+/// nothing is queued behind it, the reader has not ended and does not
+/// wait for room in the window, the reply's slot is offered: its server
+/// connection may write it to the client itself. Each of those is seen by
+/// the writer's next poll (the reader is polled first, in the same task),
+/// which withdraws the offer; a reply written through before that is taken
+/// as sent then. While the offer holds, the task is not woken for the
+/// reply: nothing needs the writer until the reader has more for it.
+async fn alone(next: &mut PendingReply, replies: &Replies, flow: &Flow) -> Option<Out> {
+    std::future::poll_fn(|cx| {
+        let offer = !flow.waiting.load(Relaxed) && !replies.done.load(Relaxed) && replies.is_empty();
+        next.poll_offering(cx, offer)
+    })
+    .await
 }
 
 /// The size a streamed reply counts for in the average: large.
@@ -749,12 +796,19 @@ impl Halves for ClientStream {
             // Owned halves of a socket: no lock between them.
             ClientStream::Plain(s) => {
                 let (r, w) = s.into_split();
-                (ClientRead::Plain(r), ClientWrite::Plain(w))
+                (ClientRead::Plain(r), ClientWrite::Plain(Arc::new(w)))
             }
             ClientStream::Tls(s) => {
                 let (r, w) = tokio::io::split(*s);
                 (ClientRead::Tls(r), ClientWrite::Tls(w))
             }
+        }
+    }
+
+    fn socket(w: &ClientWrite) -> Option<Arc<tokio::net::tcp::OwnedWriteHalf>> {
+        match w {
+            ClientWrite::Plain(s) => Some(s.clone()),
+            ClientWrite::Tls(_) => None,
         }
     }
 }
@@ -779,7 +833,11 @@ pub(crate) enum ClientRead {
 
 /// A client connection's write half.
 pub(crate) enum ClientWrite {
-    Plain(tokio::net::tcp::OwnedWriteHalf),
+    /// Shared with the client's reply account: a server connection may
+    /// write a reply to it when the writer offers it
+    /// ([`ReplyAccount::attach`]). Written by both with `try_write`, which
+    /// takes a shared reference, never at once (the account's lock).
+    Plain(Arc<tokio::net::tcp::OwnedWriteHalf>),
     Tls(tokio::io::WriteHalf<TlsServerStream>),
 }
 
@@ -799,21 +857,35 @@ impl AsyncRead for ClientRead {
 impl AsyncWrite for ClientWrite {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         match self.get_mut() {
-            ClientWrite::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            ClientWrite::Plain(s) => loop {
+                let socket: &tokio::net::TcpStream = (**s).as_ref();
+                std::task::ready!(socket.poll_write_ready(cx))?;
+                match socket.try_write(buf) {
+                    // Not ready after all: the readiness is cleared, and
+                    // the next poll waits for it.
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    r => return Poll::Ready(r),
+                }
+            },
             ClientWrite::Tls(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
-            ClientWrite::Plain(s) => Pin::new(s).poll_flush(cx),
+            ClientWrite::Plain(_) => Poll::Ready(Ok(())),
             ClientWrite::Tls(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match self.get_mut() {
-            ClientWrite::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            // Shut by the last holder dropping it otherwise (the writer
+            // detaches the account's first).
+            ClientWrite::Plain(s) => match Arc::get_mut(s) {
+                Some(s) => Pin::new(s).poll_shutdown(cx),
+                None => Poll::Ready(Ok(())),
+            },
             ClientWrite::Tls(s) => Pin::new(s).poll_shutdown(cx),
         }
     }

@@ -312,6 +312,84 @@ fn big_value(key: &str, len: usize) -> String {
     v
 }
 
+/// A reply written to its client by the server connection it came on
+/// (the client waits on it alone), and what follows it on the same
+/// connection: a local reply (PING) or another server's in the same write,
+/// a request sent just after; a client that reads nothing for a while (its
+/// socket fills, replies are written partly through and the rest by its
+/// writer); a client that closes its side right after a request. Every
+/// reply arrives whole, in request order, and the connection closes when
+/// its client's side has.
+#[test]
+fn replies_written_through_keep_their_order_whatever_follows() {
+    let rs = servers(3);
+    let refs: Vec<&Redis> = rs.iter().collect();
+    let proxy = Proxy::start(&config("", &refs));
+    let mut c = Resp::connect(proxy.addr);
+    let keys: Vec<String> = (0..30).map(|i| format!("wt{i}")).collect();
+    for k in &keys {
+        assert_eq!(c.cmd(&["SET", k, &format!("v-{k}")]), "+OK");
+    }
+    let want = |k: &str| format!("\"v-{k}\"");
+    for round in 0..400 {
+        let k = &keys[round % keys.len()];
+        let other = &keys[(round * 7 + 3) % keys.len()];
+        match round % 4 {
+            0 => assert_eq!(c.cmd(&["GET", k]), want(k)),
+            1 => {
+                let mut both = Resp::encode(&["GET", k]);
+                both.extend(Resp::encode(&["PING"]));
+                c.w.write_all(&both).unwrap();
+                assert_eq!(c.read(), want(k));
+                assert_eq!(c.read(), "+PONG");
+            }
+            2 => {
+                let mut both = Resp::encode(&["GET", k]);
+                both.extend(Resp::encode(&["GET", other]));
+                c.w.write_all(&both).unwrap();
+                assert_eq!(c.read(), want(k));
+                assert_eq!(c.read(), want(other));
+            }
+            _ => {
+                c.send(&["GET", k]);
+                thread::sleep(Duration::from_millis(1));
+                c.send(&["PING"]);
+                c.send(&["GET", other]);
+                assert_eq!(c.read(), want(k));
+                assert_eq!(c.read(), "+PONG");
+                assert_eq!(c.read(), want(other));
+            }
+        }
+    }
+    // 40 replies of 200 KiB (held whole, not streamed), asked for one at
+    // a time and read only at the end.
+    let value = big_value("wtbig", 200 << 10);
+    assert_eq!(c.cmd(&["SET", "wtbig", &value]), "+OK");
+    let mut slow = Resp::connect(proxy.addr);
+    for _ in 0..40 {
+        slow.send(&["GET", "wtbig"]);
+        thread::sleep(Duration::from_millis(2));
+    }
+    thread::sleep(Duration::from_millis(100));
+    let whole = format!("\"{value}\"");
+    for i in 0..40 {
+        assert!(slow.read() == whole, "reply {i} of the slow client is not the value");
+    }
+    assert_eq!(slow.cmd(&["PING"]), "+PONG");
+    // Half-closed right after a request: the reply, then the end (a
+    // connection waiting on a reply written through would never end).
+    for i in 0..20 {
+        let k = &keys[i];
+        let mut q = Resp::connect(proxy.addr);
+        q.send(&["GET", k]);
+        q.w.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(q.read(), want(k));
+        let mut rest = Vec::new();
+        q.r.read_to_end(&mut rest).expect("the connection ends");
+        assert!(rest.is_empty());
+    }
+}
+
 /// Large replies (a 3 MiB string, a list of 40,000 items) are passed on as
 /// they arrive, whole and in order between other replies on the same
 /// backend connection; a client that leaves halfway leaves the connection

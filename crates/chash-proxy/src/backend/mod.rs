@@ -39,7 +39,7 @@ pub(crate) use moving::{Moving, Target};
 pub(crate) use open::{BoxRead, BoxWrite};
 pub use request::Address;
 pub(crate) use request::{BackendError, BackendSettings, ReplyAccount, Requester};
-pub(crate) use request::{Job, Pending};
+pub(crate) use request::{Delivered, Job, Pending};
 
 use crate::stats::{described, Desc, Histogram, HistogramValues, PerWorker, ServerCounters, ServerEvents};
 use crate::workers::Workers;
@@ -503,9 +503,29 @@ impl Server {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<Reply, BackendError>> {
         let result = std::task::ready!(pending.poll_reply(cx));
-        match &result {
-            Ok(_) => self.health.succeeded(),
-            Err(e) => {
+        self.heard(result.as_ref().err());
+        std::task::Poll::Ready(result)
+    }
+
+    /// [`Server::poll_finish`] for a client's writer that waits on this
+    /// reply alone: with `offer`, the server connection may write the
+    /// reply to the client's socket itself ([`Pending::poll_offering`]).
+    pub(crate) fn poll_forward(
+        &self,
+        pending: &mut Pending,
+        cx: &mut std::task::Context<'_>,
+        offer: bool,
+    ) -> std::task::Poll<Result<Delivered, BackendError>> {
+        let result = std::task::ready!(pending.poll_offering(cx, offer));
+        self.heard(result.as_ref().err());
+        std::task::Poll::Ready(result)
+    }
+
+    /// A request's outcome, for the server's health and error counts.
+    fn heard(&self, error: Option<&BackendError>) {
+        match error {
+            None => self.health.succeeded(),
+            Some(e) => {
                 let c = self.counters();
                 c.errors.fetch_add(1, Relaxed);
                 if *e == BackendError::Timeout {
@@ -513,7 +533,6 @@ impl Server {
                 }
             }
         }
-        std::task::Poll::Ready(result)
     }
 
     /// Forgets past failures and ends any connect back-off (when an

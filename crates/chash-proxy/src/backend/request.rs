@@ -201,6 +201,20 @@ impl ReplyAccount {
         }
     }
 
+    /// Lets a server connection write a reply straight to the client's
+    /// socket, when the client's writer offers the reply's slot
+    /// ([`Pending::poll_offering`]): the client's own task then has
+    /// nothing to do for it. Until [`ReplyAccount::detach`].
+    pub fn attach(&self, socket: Arc<tokio::net::tcp::OwnedWriteHalf>) {
+        self.lock().socket = Some(socket);
+    }
+
+    /// No more replies are written to the client's socket but by its
+    /// writer (which is ending); the socket is given back.
+    pub fn detach(&self) -> Option<Arc<tokio::net::tcp::OwnedWriteHalf>> {
+        self.lock().socket.take()
+    }
+
     /// A slot for one request's reply: the server's end and the client's.
     pub(super) fn reserve(self: &Arc<Self>) -> (ReplyTx, Pending) {
         let slot = {
@@ -238,15 +252,14 @@ impl ReplyAccount {
             }
             r => r,
         };
-        let counted = result.as_ref().map_or(0, accounted);
         let waker = {
             let mut inbox = self.lock();
             match std::mem::replace(&mut inbox.slots[slot as usize], Slot::Free) {
-                Slot::Waiting(waker) => {
-                    self.held.fetch_add(counted, Relaxed);
-                    inbox.slots[slot as usize] = Slot::Done(result, counted);
-                    waker
-                }
+                Slot::Offered(waker) => match result {
+                    Ok(Reply::Whole(frame)) => inbox.write_through(slot, frame, waker, &self.held),
+                    result => inbox.fill(slot, result, Some(waker), &self.held),
+                },
+                Slot::Waiting(waker) => inbox.fill(slot, result, waker, &self.held),
                 // The client stopped waiting: the reply is dropped.
                 _ => {
                     inbox.free.push(slot);
@@ -266,20 +279,78 @@ struct Inbox {
     slots: Vec<Slot>,
     /// Slots free for the next requests.
     free: Vec<u32>,
+    /// The client's socket, for replies written straight to it (a
+    /// plaintext TCP client's; see [`ReplyAccount::attach`]).
+    socket: Option<Arc<tokio::net::tcp::OwnedWriteHalf>>,
 }
 
 impl Inbox {
     /// The reply in slot `i`, if it has come: taken out, and the slot free
     /// again.
-    fn release(&mut self, i: u32) -> Option<(Result<Reply, BackendError>, usize)> {
+    fn release(&mut self, i: u32) -> Option<(Result<Delivered, BackendError>, usize)> {
         let slot = &mut self.slots[i as usize];
-        if !matches!(slot, Slot::Done(..)) {
+        if !matches!(slot, Slot::Done(..) | Slot::Sent(_)) {
             return None;
         }
-        let Slot::Done(result, counted) = std::mem::replace(slot, Slot::Free) else { return None };
+        let taken = match std::mem::replace(slot, Slot::Free) {
+            Slot::Done(result, counted) => (result.map(Delivered::Reply), counted),
+            Slot::Sent(n) => (Ok(Delivered::Sent(n)), 0),
+            _ => return None,
+        };
         self.free.push(i);
-        Some((result, counted))
+        Some(taken)
     }
+
+    /// Slot `slot`'s reply has come, for its client to take: counted on
+    /// `held` until then. The client's waker, to be woken.
+    fn fill(
+        &mut self,
+        slot: u32,
+        result: Result<Reply, BackendError>,
+        waker: Option<std::task::Waker>,
+        held: &AtomicUsize,
+    ) -> Option<std::task::Waker> {
+        let counted = result.as_ref().map_or(0, accounted);
+        held.fetch_add(counted, Relaxed);
+        self.slots[slot as usize] = Slot::Done(result, counted);
+        waker
+    }
+
+    /// Slot `slot`'s reply, offered by the client's writer (everything
+    /// before it written, nothing queued behind it): written to the
+    /// client's socket now, under the lock, so nothing of the client's can
+    /// be written in between. Written whole, the client's task is not
+    /// woken (its writer takes the slot as sent when next polled); what
+    /// the socket did not take is left for the writer, which is woken.
+    fn write_through(
+        &mut self,
+        slot: u32,
+        frame: Bytes,
+        waker: std::task::Waker,
+        held: &AtomicUsize,
+    ) -> Option<std::task::Waker> {
+        // An error (the client gone) is the writer's to meet: it writes
+        // the reply itself.
+        let written = match &self.socket {
+            Some(socket) => socket.try_write(&frame).unwrap_or(0),
+            None => 0,
+        };
+        if written == frame.len() {
+            self.slots[slot as usize] = Slot::Sent(written);
+            return None;
+        }
+        self.fill(slot, Ok(Reply::Whole(frame.slice(written..))), Some(waker), held)
+    }
+}
+
+/// A reply as the client's writer takes it from its slot.
+#[derive(Debug)]
+pub(crate) enum Delivered {
+    /// The reply, to be written.
+    Reply(Reply),
+    /// The server connection wrote the reply, of this many bytes, to the
+    /// client itself (the slot was offered).
+    Sent(usize),
 }
 
 #[derive(Debug)]
@@ -287,6 +358,11 @@ enum Slot {
     Free,
     /// No reply yet; the client's waker once it has looked.
     Waiting(Option<std::task::Waker>),
+    /// No reply yet, and the client's writer waits on nothing else: the
+    /// reply may be written to the client's socket as it comes.
+    Offered(std::task::Waker),
+    /// The reply was written to the client's socket (this many bytes).
+    Sent(usize),
     /// The reply, and the bytes it holds on the account.
     Done(Result<Reply, BackendError>, usize),
     /// The client stopped waiting before the reply came.
@@ -340,6 +416,26 @@ pub struct Pending {
 impl Pending {
     /// The reply, once it has come.
     pub(super) fn poll_reply(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Result<Reply, BackendError>> {
+        self.poll_offering(cx, false).map(|r| {
+            r.map(|d| match d {
+                Delivered::Reply(reply) => reply,
+                // Only a slot offered is written through; an offer is
+                // made by a writer, which polls with `offer` only.
+                Delivered::Sent(_) => Reply::Whole(Bytes::new()),
+            })
+        })
+    }
+
+    /// The reply, once it has come; `offer`: the client's writer waits on
+    /// this reply and nothing else (everything of the client's before it
+    /// is written, nothing is queued behind it), so its server connection
+    /// may write it to the client's socket itself. An offer holds until
+    /// the next poll, which makes it again or withdraws it.
+    pub(super) fn poll_offering(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        offer: bool,
+    ) -> Poll<Result<Delivered, BackendError>> {
         let Some(account) = &self.account else {
             return Poll::Ready(Err(BackendError::Closed("reply already taken".into())));
         };
@@ -350,16 +446,18 @@ impl Pending {
             self.account = None;
             return Poll::Ready(result);
         }
-        match &mut inbox.slots[self.slot as usize] {
-            Slot::Waiting(waker) => {
-                match waker {
-                    Some(w) if w.will_wake(cx.waker()) => {}
-                    _ => *waker = Some(cx.waker().clone()),
-                }
-                Poll::Pending
+        let offer = offer && inbox.socket.is_some();
+        let slot = &mut inbox.slots[self.slot as usize];
+        let waker = match std::mem::replace(slot, Slot::Free) {
+            Slot::Waiting(Some(w)) | Slot::Offered(w) if w.will_wake(cx.waker()) => w,
+            Slot::Waiting(_) | Slot::Offered(_) => cx.waker().clone(),
+            other => {
+                *slot = other;
+                return Poll::Ready(Err(BackendError::Closed("reply slot lost".into())));
             }
-            _ => Poll::Ready(Err(BackendError::Closed("reply slot lost".into()))),
-        }
+        };
+        *slot = if offer { Slot::Offered(waker) } else { Slot::Waiting(Some(waker)) };
+        Poll::Pending
     }
 }
 
@@ -370,7 +468,7 @@ impl Drop for Pending {
         if let Some((_, counted)) = inbox.release(self.slot) {
             drop(inbox);
             account.held.fetch_sub(counted, Relaxed);
-        } else if let slot @ Slot::Waiting(_) = &mut inbox.slots[self.slot as usize] {
+        } else if let slot @ (Slot::Waiting(_) | Slot::Offered(_)) = &mut inbox.slots[self.slot as usize] {
             // Its reply is dropped when it comes ([`ReplyAccount::deliver`]).
             *slot = Slot::Abandoned;
         }
@@ -486,5 +584,141 @@ mod tests {
         assert!(account.is_overflowed());
         assert_eq!(whole(reply_of(&mut p1).await), "12345");
         assert_eq!(reply_of(&mut p2).await.err(), Some(BackendError::Overflow));
+    }
+
+    /// Counts its wake-ups.
+    struct Wakes(AtomicUsize);
+
+    impl std::task::Wake for Wakes {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Both ends of a loopback TCP connection: the client's, and the
+    /// proxy's write half (shared, as a client connection's is).
+    async fn socket_pair(
+    ) -> (tokio::net::TcpStream, Arc<tokio::net::tcp::OwnedWriteHalf>, tokio::net::tcp::OwnedReadHalf) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (proxy, _) = listener.accept().await.unwrap();
+        let (r, w) = proxy.into_split();
+        (client, Arc::new(w), r)
+    }
+
+    fn poll_offered(p: &mut Pending, wakes: &Arc<Wakes>, offer: bool) -> Poll<Result<Delivered, BackendError>> {
+        let waker = std::task::Waker::from(wakes.clone());
+        p.poll_offering(&mut std::task::Context::from_waker(&waker), offer)
+    }
+
+    /// A reply whose slot is offered goes to the client's socket as it
+    /// comes, without waking the client's task; its slot then says how
+    /// much was sent. Offered and withdrawn, or never offered, or with no
+    /// socket attached, it waits in its slot as any reply does.
+    #[tokio::test]
+    async fn an_offered_reply_is_written_to_the_client_and_only_an_offered_one() {
+        use tokio::io::AsyncReadExt;
+        let (mut client, socket, _r) = socket_pair().await;
+        let account = ReplyAccount::new(1 << 20);
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+
+        // No socket attached: an offer is not one.
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, true).is_pending());
+        tx.send(Ok(Reply::Whole(Bytes::from_static(b"+not through\r\n"))));
+        assert_eq!(wakes.0.load(Relaxed), 1);
+        assert!(matches!(poll_offered(&mut p, &wakes, true), Poll::Ready(Ok(Delivered::Reply(_)))));
+
+        account.attach(socket.clone());
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, true).is_pending());
+        tx.send(Ok(Reply::Whole(Bytes::from_static(b"$5\r\nhello\r\n"))));
+        assert_eq!(wakes.0.load(Relaxed), 1, "a reply written through wakes no one");
+        assert_eq!(account.held(), 0);
+        let mut got = [0u8; 11];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"$5\r\nhello\r\n");
+        assert!(matches!(poll_offered(&mut p, &wakes, true), Poll::Ready(Ok(Delivered::Sent(11)))));
+
+        // Offered, then withdrawn by the next poll: held for the writer.
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, true).is_pending());
+        assert!(poll_offered(&mut p, &wakes, false).is_pending());
+        tx.send(Ok(Reply::Whole(Bytes::from_static(b"+held\r\n"))));
+        assert_eq!(wakes.0.load(Relaxed), 2);
+        assert_eq!(account.held(), 7);
+        let Poll::Ready(Ok(Delivered::Reply(r))) = poll_offered(&mut p, &wakes, false) else { panic!("no reply") };
+        assert_eq!(whole(Ok(r)), "+held\r\n");
+
+        // An error is the writer's to frame, offered or not; so is an
+        // overflow.
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, true).is_pending());
+        tx.send(Err(BackendError::Timeout));
+        assert_eq!(wakes.0.load(Relaxed), 3);
+        assert!(matches!(poll_offered(&mut p, &wakes, true), Poll::Ready(Err(BackendError::Timeout))));
+
+        // Detached, the socket is the writer's alone again.
+        assert!(account.detach().is_some());
+        assert_eq!(Arc::strong_count(&socket), 1);
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, true).is_pending());
+        tx.send(Ok(Reply::Whole(Bytes::from_static(b"+late\r\n"))));
+        assert!(matches!(poll_offered(&mut p, &wakes, true), Poll::Ready(Ok(Delivered::Reply(_)))));
+    }
+
+    /// A reply the client's socket cannot take whole: what it took is
+    /// sent, the rest is left in the slot for the writer, which is woken;
+    /// the bytes the client reads are the reply's, in order, none lost or
+    /// doubled.
+    #[tokio::test]
+    async fn what_a_full_socket_does_not_take_is_left_for_the_writer() {
+        use tokio::io::AsyncReadExt;
+        let (mut client, socket, _r) = socket_pair().await;
+        // The client reads nothing: the socket's buffers fill.
+        let mut filler = 0usize;
+        let chunk = vec![b'f'; 64 << 10];
+        loop {
+            match socket.try_write(&chunk) {
+                Ok(n) => filler += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let account = ReplyAccount::new(64 << 20);
+        account.attach(socket.clone());
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let frame: Bytes = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+        // Room for some of it (how much is the kernel's affair).
+        let mut drained = vec![0u8; 100 << 10];
+        client.read_exact(&mut drained).await.unwrap();
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, true).is_pending());
+        tx.send(Ok(Reply::Whole(frame.clone())));
+        assert_eq!(wakes.0.load(Relaxed), 1, "the writer is woken for the rest");
+        let Poll::Ready(Ok(Delivered::Reply(Reply::Whole(rest)))) = poll_offered(&mut p, &wakes, true) else {
+            panic!("the rest is not in the slot")
+        };
+        assert!(!rest.is_empty() && frame.ends_with(&rest));
+        let sent = frame.len() - rest.len();
+        // The writer writes the rest; the client reads the filler, then
+        // the reply, whole.
+        let writer = tokio::spawn(async move {
+            let s: &tokio::net::TcpStream = (*socket).as_ref();
+            let mut at = 0;
+            while at < rest.len() {
+                s.writable().await.unwrap();
+                match s.try_write(&rest[at..]) {
+                    Ok(n) => at += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        });
+        let mut all = vec![0u8; filler - drained.len() + frame.len()];
+        client.read_exact(&mut all).await.unwrap();
+        writer.await.unwrap();
+        assert!(all[..filler - drained.len()].iter().all(|&b| b == b'f'));
+        assert_eq!(&all[filler - drained.len()..], &frame[..], "{sent} bytes written through, the rest after");
     }
 }

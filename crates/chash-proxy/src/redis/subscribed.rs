@@ -114,7 +114,7 @@ impl RedisSession {
                             }
                         }
                     }
-                    None => {}
+                    Some(Out::Sent(_)) | None => {}
                 }
                 // HELLO 2 turns the messages back into RESP2 arrays.
                 outbox.set_resp3(self.requester.dialect == 1);
