@@ -778,7 +778,10 @@ async fn write_replies<W: AsyncWrite + Unpin>(
 /// reply: nothing needs the writer until the reader has more for it.
 async fn alone(next: &mut PendingReply, replies: &Replies, flow: &Flow) -> Option<Out> {
     std::future::poll_fn(|cx| {
-        let offer = !flow.waiting.load(Relaxed) && !replies.done.load(Relaxed) && replies.is_empty();
+        let offer = matches!(next, PendingReply::Server(_))
+            && !flow.waiting.load(Relaxed)
+            && !replies.done.load(Relaxed)
+            && replies.is_empty();
         next.poll_offering(cx, offer)
     })
     .await
