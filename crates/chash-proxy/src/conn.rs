@@ -1,7 +1,9 @@
 //! Client connections, whatever the protocol: a read loop that hands the
 //! bytes to the protocol's [`Session`] and queues each request's reply, in
 //! request order, to a writer that awaits them one by one (a reply can only
-//! ever go to the connection whose request produced it). Here too: the idle
+//! ever go to the connection whose request produced it). A server's reply
+//! that the writer waits on alone may be written to the client by the
+//! server connection it came on instead (see [`alone`]). Here too: the idle
 //! timeout, the grace period at shutdown, back-pressure on clients that do
 //! not read their replies, and the open-connection count.
 //!
@@ -347,7 +349,9 @@ impl Flow {
 
 /// A client connection's byte stream, taken apart into a read half and a
 /// write half that are used without a lock (the connection's reader and
-/// writer run in one task).
+/// writer run in one task; a plaintext socket's write half is also
+/// written by server connections, at times the writer leaves them: see
+/// [`ClientWrite::Plain`]).
 pub(crate) trait Halves: Send + 'static {
     /// The read half.
     type Read: AsyncRead + Unpin + Send;
@@ -675,7 +679,9 @@ async fn write_all<W: AsyncWrite + Unpin>(w: &mut W, buf: &[u8], account: &Reply
 /// Writes replies in order until the reader has ended and every reply is
 /// written, then shuts the write side. Runs in the connection's task,
 /// polled right after its reader: a reply becoming ready wakes that task
-/// directly, with no hand-off. Replies ready together go out in one write.
+/// directly, with no hand-off (or, written through by its server
+/// connection, wakes nothing: see [`alone`]). Replies ready together go
+/// out in one write.
 async fn write_replies<W: AsyncWrite + Unpin>(
     mut w: W,
     replies: &Replies,
@@ -705,10 +711,11 @@ async fn write_replies<W: AsyncWrite + Unpin>(
                 }
             }
         };
-        // Polled once (with the task's waker: a reply that is not ready
-        // wakes the writer when it is): a ready reply joins the write
-        // being gathered; one not ready waits, after what is gathered is
-        // written.
+        // With something gathered, polled once (with the task's waker: a
+        // reply that is not ready wakes the writer when it is): a ready
+        // reply joins the write being gathered; one not ready waits, after
+        // what is gathered is written. With nothing gathered, awaited
+        // alone, and offered.
         let now = if out.is_empty() {
             Some(alone(&mut next, replies, flow).await)
         } else {
@@ -796,7 +803,9 @@ impl Halves for ClientStream {
 
     fn halves(self) -> (ClientRead, ClientWrite) {
         match self {
-            // Owned halves of a socket: no lock between them.
+            // Owned halves of a socket: no lock between them (the write
+            // half shared with the reply account, for replies written
+            // through).
             ClientStream::Plain(s) => {
                 let (r, w) = s.into_split();
                 (ClientRead::Plain(r), ClientWrite::Plain(Arc::new(w)))
@@ -839,7 +848,10 @@ pub(crate) enum ClientWrite {
     /// Shared with the client's reply account: a server connection may
     /// write a reply to it when the writer offers it
     /// ([`ReplyAccount::attach`]). Written by both with `try_write`, which
-    /// takes a shared reference, never at once (the account's lock).
+    /// takes a shared reference, never at once: a server connection writes
+    /// only under the account's lock while the slot is offered, and the
+    /// writer writes only after it has seen, under that lock, that it no
+    /// longer is.
     Plain(Arc<tokio::net::tcp::OwnedWriteHalf>),
     Tls(tokio::io::WriteHalf<TlsServerStream>),
 }

@@ -378,8 +378,7 @@ fn replies_written_through_keep_their_order_whatever_follows() {
     assert_eq!(slow.cmd(&["PING"]), "+PONG");
     // Half-closed right after a request: the reply, then the end (a
     // connection waiting on a reply written through would never end).
-    for i in 0..20 {
-        let k = &keys[i];
+    for k in keys.iter().take(20) {
         let mut q = Resp::connect(proxy.addr);
         q.send(&["GET", k]);
         q.w.shutdown(std::net::Shutdown::Write).unwrap();

@@ -250,6 +250,16 @@ impl InFlight {
         self.answer(result);
     }
 
+    /// Answers it with its server's reply, which `health` hears of if the
+    /// reply is written through to its client ([`super::ReplyTx::send_reply`]).
+    fn settle_reply(mut self, c: &ServerCounters, reply: Reply, health: &Health) {
+        c.out_queue.fetch_sub(1, Relaxed);
+        c.out_queue_bytes.fetch_sub(self.bytes, Relaxed);
+        if let Some(tx) = self.reply.take() {
+            tx.send_reply(reply, health);
+        }
+    }
+
     /// Answers it now (if not yet); it stays in line for its reply.
     fn answer(&mut self, result: Result<Reply, BackendError>) {
         let Some(tx) = self.reply.take() else { return };
@@ -270,8 +280,15 @@ async fn run_connection(opened: Opened, mut first: VecDeque<Job>, rx: &mut JobRe
     let timeout = slot.settings.timeout;
     let (inflight_tx, inflight_rx) = super::queue::channel::<InFlight>(usize::MAX);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<String>();
-    let mut reader =
-        tokio::spawn(read_replies(r, inflight_rx, stop_rx, timeout, slot.counters.clone(), slot.latency.clone()));
+    let mut reader = tokio::spawn(read_replies(
+        r,
+        inflight_rx,
+        stop_rx,
+        timeout,
+        slot.health.clone(),
+        slot.counters.clone(),
+        slot.latency.clone(),
+    ));
     let mut batch = BytesMut::with_capacity(16 * 1024);
     let ended_by_reader = |done: Result<Option<Ended>, tokio::task::JoinError>| match done {
         Ok(Some(ended)) => ended,
@@ -440,6 +457,7 @@ async fn read_replies(
     inflight: super::queue::Receiver<InFlight>,
     mut stop: tokio::sync::oneshot::Receiver<String>,
     timeout: Option<Duration>,
+    health: Arc<Health>,
     counters: Arc<PerWorker<ServerCounters>>,
     latency: Arc<PerWorker<Histogram>>,
 ) -> Option<Ended> {
@@ -479,7 +497,7 @@ async fn read_replies(
                         latency.local().observe(now.saturating_duration_since(f.sent));
                         c.responses.fetch_add(1, Relaxed);
                         c.response_bytes.fetch_add(reply.len() as u64, Relaxed);
-                        f.settle(c, Ok(Reply::Whole(reply)));
+                        f.settle_reply(c, Reply::Whole(reply), &health);
                     }
                 }
                 Frame::Incomplete => {

@@ -509,7 +509,8 @@ impl Server {
 
     /// [`Server::poll_finish`] for a client's writer that waits on this
     /// reply alone: with `offer`, the server connection may write the
-    /// reply to the client's socket itself ([`Pending::poll_offering`]).
+    /// reply to the client's socket itself ([`Pending::poll_offering`]);
+    /// its success is heard there then.
     pub(crate) fn poll_forward(
         &self,
         pending: &mut Pending,
@@ -517,7 +518,11 @@ impl Server {
         offer: bool,
     ) -> std::task::Poll<Result<Delivered, BackendError>> {
         let result = std::task::ready!(pending.poll_offering(cx, offer));
-        self.heard(result.as_ref().err());
+        match &result {
+            Ok(Delivered::Sent(_)) => {}
+            Ok(Delivered::Reply(_)) => self.heard(None),
+            Err(e) => self.heard(Some(e)),
+        }
         std::task::Poll::Ready(result)
     }
 

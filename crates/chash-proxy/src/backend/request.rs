@@ -124,7 +124,9 @@ pub struct BackendSettings {
 ///
 /// It is also where those replies wait: each request sent has a slot in
 /// its client's inbox, which its server connection fills
-/// ([`ReplyTx::send`]) and its client empties ([`Pending`]); slots are
+/// ([`ReplyTx::send`]) and its client empties ([`Pending`]), or which the
+/// server connection completes itself by writing the reply to the client
+/// when the client's writer offered it; slots are
 /// used again, so a request in the steady state allocates nothing for its
 /// reply's way back.
 #[derive(Debug)]
@@ -234,15 +236,15 @@ impl ReplyAccount {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inbox> {
-        // Every change under the lock is one assignment: a panic cannot
-        // leave the inbox half-changed (the lock is not poisoned).
+        // parking_lot's: not poisoned by a panic. Nothing under it
+        // panics on input (slot indices are the inbox's own).
         self.inbox.lock()
     }
 
     /// A reply arrives for slot `slot`: counted until the client takes it
     /// (or an overflow error instead, and the account overflows, when it
     /// already holds its limit).
-    fn deliver(&self, slot: u32, result: Result<Reply, BackendError>) {
+    fn deliver(&self, slot: u32, result: Result<Reply, BackendError>, health: Option<&super::health::Health>) {
         let result = match result {
             Ok(_) if self.held.load(Relaxed) >= self.limit => {
                 if !self.overflowed.swap(true, Relaxed) {
@@ -256,7 +258,14 @@ impl ReplyAccount {
             let mut inbox = self.lock();
             match std::mem::replace(&mut inbox.slots[slot as usize], Slot::Free) {
                 Slot::Offered(waker) => match result {
-                    Ok(Reply::Whole(frame)) => inbox.write_through(slot, frame, waker, &self.held),
+                    Ok(Reply::Whole(frame)) => {
+                        // Its success heard now: the client's writer may
+                        // not look at the slot until its client sends more.
+                        if let Some(health) = health {
+                            health.succeeded();
+                        }
+                        inbox.write_through(slot, frame, waker, &self.held)
+                    }
                     result => inbox.fill(slot, result, Some(waker), &self.held),
                 },
                 Slot::Waiting(waker) => inbox.fill(slot, result, waker, &self.held),
@@ -391,7 +400,16 @@ impl ReplyTx {
     /// Sends the reply (or why there is none) to its client.
     pub(super) fn send(mut self, result: Result<Reply, BackendError>) {
         if let Some(account) = self.account.take() {
-            account.deliver(self.slot, result);
+            account.deliver(self.slot, result, None);
+        }
+    }
+
+    /// Sends its server's reply; `health`, the server's, hears of its
+    /// success if the reply is written through to the client (its client
+    /// may not look at it until it sends more).
+    pub(super) fn send_reply(mut self, reply: Reply, health: &super::health::Health) {
+        if let Some(account) = self.account.take() {
+            account.deliver(self.slot, Ok(reply), Some(health));
         }
     }
 }
@@ -399,7 +417,7 @@ impl ReplyTx {
 impl Drop for ReplyTx {
     fn drop(&mut self) {
         if let Some(account) = self.account.take() {
-            account.deliver(self.slot, Err(BackendError::Closed("connection reset".into())));
+            account.deliver(self.slot, Err(BackendError::Closed("connection reset".into())), None);
         }
     }
 }
@@ -603,6 +621,7 @@ mod tests {
         let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (proxy, _) = listener.accept().await.unwrap();
         let (r, w) = proxy.into_split();
+        w.writable().await.unwrap();
         (client, Arc::new(w), r)
     }
 
@@ -688,10 +707,17 @@ mod tests {
         let account = ReplyAccount::new(64 << 20);
         account.attach(socket.clone());
         let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
-        let frame: Bytes = (0..(4u32 << 20)).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
-        // Room for some of it (how much is the kernel's affair).
-        let mut drained = vec![0u8; 100 << 10];
+        // Larger than the socket's buffers can ever hold.
+        let frame: Bytes = (0..(16u32 << 20)).map(|i| (i % 251) as u8).collect::<Vec<u8>>().into();
+        // Room for some of it: half the filler read, and the socket
+        // writable again (a write through makes no system call while
+        // tokio holds it unwritable).
+        let mut drained = vec![0u8; filler / 2];
         client.read_exact(&mut drained).await.unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(10), socket.writable())
+            .await
+            .expect("the socket writable again")
+            .unwrap();
         let (tx, mut p) = account.reserve();
         assert!(poll_offered(&mut p, &wakes, true).is_pending());
         tx.send(Ok(Reply::Whole(frame.clone())));
@@ -701,6 +727,7 @@ mod tests {
         };
         assert!(!rest.is_empty() && frame.ends_with(&rest));
         let sent = frame.len() - rest.len();
+        assert!(sent > 0, "part of the reply was written through");
         // The writer writes the rest; the client reads the filler, then
         // the reply, whole.
         let writer = tokio::spawn(async move {
@@ -720,5 +747,36 @@ mod tests {
         writer.await.unwrap();
         assert!(all[..filler - drained.len()].iter().all(|&b| b == b'f'));
         assert_eq!(&all[filler - drained.len()..], &frame[..], "{sent} bytes written through, the rest after");
+    }
+
+    /// A reply written through is heard by its server's health at once
+    /// (the client's writer may not look at it until its client sends
+    /// more); one that waits in its slot is heard by the writer that takes
+    /// it, as before.
+    #[tokio::test]
+    async fn a_reply_written_through_is_heard_by_its_servers_health_at_once() {
+        use tokio::io::AsyncReadExt;
+        let (mut client, socket, _r) = socket_pair().await;
+        let account = ReplyAccount::new(1 << 20);
+        account.attach(socket);
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let health = super::super::health::Health::new("s1".into(), 10, None);
+        health.failed("earlier");
+        health.failed("earlier");
+
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, false).is_pending());
+        tx.send_reply(Reply::Whole(Bytes::from_static(b"+held\r\n")), &health);
+        assert_eq!(health.failures(), 2, "not heard where it waits for its writer");
+        assert!(matches!(poll_offered(&mut p, &wakes, false), Poll::Ready(Ok(Delivered::Reply(_)))));
+
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, true).is_pending());
+        tx.send_reply(Reply::Whole(Bytes::from_static(b"+OK\r\n")), &health);
+        assert_eq!(health.failures(), 0, "heard where it was written through");
+        assert!(matches!(poll_offered(&mut p, &wakes, true), Poll::Ready(Ok(Delivered::Sent(5)))));
+        let mut got = [0u8; 5];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"+OK\r\n");
     }
 }
