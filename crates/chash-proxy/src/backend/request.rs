@@ -731,16 +731,10 @@ mod tests {
         // The writer writes the rest; the client reads the filler, then
         // the reply, whole.
         let writer = tokio::spawn(async move {
-            let s: &tokio::net::TcpStream = (*socket).as_ref();
-            let mut at = 0;
-            while at < rest.len() {
-                s.writable().await.unwrap();
-                match s.try_write(&rest[at..]) {
-                    Ok(n) => at += n,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    Err(e) => panic!("{e}"),
-                }
-            }
+            use tokio::io::AsyncWriteExt;
+            drop(account.detach());
+            let mut w = crate::conn::ClientWrite::Plain(socket);
+            w.write_all(&rest).await.unwrap();
         });
         let mut all = vec![0u8; filler - drained.len() + frame.len()];
         client.read_exact(&mut all).await.unwrap();
