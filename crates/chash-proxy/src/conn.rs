@@ -158,9 +158,18 @@ pub(crate) enum Step {
 /// A protocol's side of a client connection: requests from bytes, each
 /// dispatched to its servers at once.
 pub(crate) trait Session: Send {
+    /// What [`Session::next_now`] leaves to [`Session::next_later`].
+    type Later: Send;
+
     /// Takes the next request from the front of `buf` and sends it on its
-    /// way (waiting only when a server's queue is full).
-    fn next(&mut self, buf: &mut BytesMut) -> impl Future<Output = Step> + Send;
+    /// way when that needs no waiting (the common requests): the step;
+    /// else what is left to do, for [`Session::next_later`]. No future is
+    /// made for the common requests.
+    fn next_now(&mut self, buf: &mut BytesMut) -> Result<Step, Self::Later>;
+
+    /// Finishes what [`Session::next_now`] left (waiting only when a
+    /// server's queue is full, or on what the request needs first).
+    fn next_later(&mut self, later: Self::Later, buf: &mut BytesMut) -> impl Future<Output = Step> + Send;
 }
 
 /// Requests a client may have outstanding before the proxy stops reading.
@@ -452,7 +461,11 @@ pub(crate) async fn serve<T, S>(
                 if !flow.room_now(&account) && !flow.wait_room(&account).await {
                     break 'conn if account.is_overflowed() { Close::Overflow } else { Close::Error };
                 }
-                let (reply, close) = match session.next(&mut buf).await {
+                let step = match session.next_now(&mut buf) {
+                    Ok(step) => step,
+                    Err(later) => session.next_later(later, &mut buf).await,
+                };
+                let (reply, close) = match step {
                     Step::More => break,
                     Step::Taken => (None, None),
                     Step::Reply(reply) => (Some(reply), None),

@@ -336,14 +336,8 @@ async fn run_connection(opened: Opened, mut first: VecDeque<Job>, rx: &mut JobRe
         }
         // Coalesce what is already queued into one write.
         let mut bytes: usize = jobs.iter().map(|j| j.data.len()).sum();
-        while bytes < 64 * 1024 {
-            match rx.try_recv() {
-                Ok(j) => {
-                    bytes += j.data.len();
-                    jobs.push(j);
-                }
-                Err(_) => break,
-            }
+        if bytes < 64 * 1024 {
+            bytes += rx.take_up_to(&mut jobs, 64 * 1024 - bytes, |j| j.data.len());
         }
         batch.clear();
         let c = slot.counters.local();
@@ -579,9 +573,18 @@ async fn read_replies(
                 line.fail_all(c, &BackendError::Closed(why.clone()));
                 return Some(Ended::Error(why));
             }
-            f = line.inflight.recv(), if line.waiting.is_empty() => match f {
+            // With a timeout, the line's front is timed from when it is
+            // written: the reader is woken for it. Without, it is woken
+            // only by the replies (a poll saved per batch written), or by
+            // the writer's end.
+            f = line.inflight.recv_or_end(timeout.is_some()), if line.waiting.is_empty() => match f {
                 Some(f) => line.waiting.push_back(f),
-                None => return None,
+                None => {
+                    line.take_new();
+                    if line.waiting.is_empty() {
+                        return None;
+                    }
+                }
             },
             n = r.read_buf(&mut buf) => match n {
                 Ok(0) => {

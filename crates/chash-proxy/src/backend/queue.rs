@@ -21,8 +21,12 @@ use super::request::Job;
 
 struct State<T> {
     jobs: VecDeque<T>,
-    /// The receiver, when it waits for a job.
+    /// The receiver, when it waits for a job (or only for the end:
+    /// `for_end`).
     waiting: Option<Waker>,
+    /// The receiver waits for the last sender to go, not for jobs: a send
+    /// leaves it be ([`Receiver::ended`]).
+    for_end: bool,
     /// The receiver is gone or closed: sends fail.
     closed: bool,
 }
@@ -48,7 +52,7 @@ impl<T> Shared<T> {
 /// A queue of at most `capacity` jobs.
 pub(super) fn channel<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     let shared = Arc::new(Shared {
-        state: Mutex::new(State { jobs: VecDeque::new(), waiting: None, closed: false }),
+        state: Mutex::new(State { jobs: VecDeque::new(), waiting: None, for_end: false, closed: false }),
         capacity: capacity.max(1),
         senders: AtomicUsize::new(1),
         full: AtomicUsize::new(0),
@@ -158,8 +162,11 @@ impl<T> Sender<T> {
 }
 
 /// Lets go of the queue `state` holds locked, then wakes the receiver if
-/// it waits.
+/// it waits for a job.
 fn wake_receiver<T>(mut state: MutexGuard<'_, State<T>>) {
+    if state.for_end {
+        return;
+    }
     let waker = state.waiting.take();
     drop(state);
     if let Some(w) = waker {
@@ -197,16 +204,26 @@ impl<T> Receiver<T> {
     /// The next job; `None` once every sender is gone and the queue is
     /// empty. Cancel-safe (a job is taken only when returned).
     pub(super) async fn recv(&mut self) -> Option<T> {
+        self.recv_or_end(true).await
+    }
+
+    /// With `jobs`, [`Receiver::recv`]. Without, `None` once every sender
+    /// is gone, and jobs sent meanwhile do not wake it (they wait in the
+    /// queue, which may not be empty then).
+    pub(super) async fn recv_or_end(&mut self, jobs: bool) -> Option<T> {
         poll_fn(|cx| {
             let mut state = self.0.lock();
-            if let Some(job) = state.jobs.pop_front() {
-                drop(state);
-                self.made_room();
-                return Poll::Ready(Some(job));
+            if jobs {
+                if let Some(job) = state.jobs.pop_front() {
+                    drop(state);
+                    self.made_room(1);
+                    return Poll::Ready(Some(job));
+                }
             }
             if self.0.senders.load(Relaxed) == 0 {
                 return Poll::Ready(None);
             }
+            state.for_end = !jobs;
             match &state.waiting {
                 Some(w) if w.will_wake(cx.waker()) => {}
                 _ => state.waiting = Some(cx.waker().clone()),
@@ -221,12 +238,28 @@ impl<T> Receiver<T> {
         let job = self.0.lock().jobs.pop_front();
         match job {
             Some(job) => {
-                self.made_room();
+                self.made_room(1);
                 Ok(job)
             }
             None if self.0.senders.load(Relaxed) == 0 => Err(Empty::ForEver),
             None => Err(Empty::Now),
         }
+    }
+
+    /// Jobs queued now, in order, moved to the end of `into` under one
+    /// lock while `weight` of those moved stays under `budget` (the last
+    /// one taken may cross it). The weight taken.
+    pub(super) fn take_up_to(&mut self, into: &mut Vec<T>, budget: usize, weight: impl Fn(&T) -> usize) -> usize {
+        let (mut taken, before) = (0, into.len());
+        let mut state = self.0.lock();
+        while taken < budget {
+            let Some(job) = state.jobs.pop_front() else { break };
+            taken += weight(&job);
+            into.push(job);
+        }
+        drop(state);
+        self.made_room(into.len() - before);
+        taken
     }
 
     /// Every job queued now, moved to the end of `into` under one lock.
@@ -235,13 +268,14 @@ impl<T> Receiver<T> {
         if state.jobs.is_empty() {
             return;
         }
+        let n = state.jobs.len();
         if into.is_empty() {
             std::mem::swap(into, &mut state.jobs);
         } else {
             into.append(&mut state.jobs);
         }
         drop(state);
-        self.made_room();
+        self.made_room(n);
     }
 
     /// No more jobs are taken (sends fail); those queued can still be
@@ -251,8 +285,10 @@ impl<T> Receiver<T> {
         self.0.room.notify_waiters();
     }
 
-    fn made_room(&self) {
-        if self.0.full.load(Relaxed) > 0 {
+    /// `n` jobs left the queue: as many submitters waiting for room are
+    /// woken.
+    fn made_room(&self, n: usize) {
+        for _ in 0..n.min(self.0.full.load(Relaxed)) {
             self.0.room.notify_one();
         }
     }
@@ -264,6 +300,7 @@ mod tests {
     use crate::backend::framing::{Frame, Framing};
     use crate::backend::request::ReplyAccount;
     use bytes::{Bytes, BytesMut};
+    use std::future::Future;
 
     struct Any;
     impl Framing for Any {
@@ -302,6 +339,41 @@ mod tests {
         assert_eq!(rx.try_recv().err(), Some(Empty::ForEver));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn jobs_taken_together_keep_their_order_stop_at_the_budget_and_make_room_for_each_waiter() {
+        let (tx, mut rx) = channel(2);
+        let (a, _ra) = job(1);
+        let (b, _rb) = job(2);
+        tx.send(a).await.ok().unwrap();
+        tx.send(b).await.ok().unwrap();
+        // Two submitters wait for room in the full queue.
+        let mut waiters = Vec::new();
+        for n in [3, 4] {
+            let sender = tx.clone();
+            waiters.push(tokio::spawn(async move {
+                let (j, _r) = job(n);
+                sender.send(j).await.is_ok()
+            }));
+        }
+        tokio::task::yield_now().await;
+        assert!(waiters.iter().all(|w| !w.is_finished()), "a full queue makes both wait");
+        let mut into = Vec::new();
+        assert_eq!(rx.take_up_to(&mut into, 10, |j| j.data.len()), 2, "everything queued, in one take");
+        assert_eq!(into.iter().map(|j| j.data[0]).collect::<Vec<_>>(), [1, 2]);
+        for w in waiters {
+            // Paused time: a waiter never woken times out at once.
+            let sent = tokio::time::timeout(std::time::Duration::from_secs(1), w).await;
+            assert!(sent.expect("each job taken makes room for one waiter").unwrap());
+        }
+        // A budget of one byte: the first job crosses it, and is the only one taken.
+        let mut rest = Vec::new();
+        assert_eq!(rx.take_up_to(&mut rest, 1, |j| j.data.len()), 1);
+        assert_eq!(rx.take_up_to(&mut rest, 64, |j| j.data.len()), 1, "the rest of what was queued");
+        let mut got: Vec<u8> = rest.iter().map(|j| j.data[0]).collect();
+        got.sort();
+        assert_eq!(got, [3, 4]);
+    }
+
     #[tokio::test]
     async fn a_closed_or_dropped_receiver_refuses_and_answers_what_waited() {
         let (tx, mut rx) = channel::<Job>(4);
@@ -323,6 +395,40 @@ mod tests {
             matches!(heard, Err(crate::backend::BackendError::Closed(_))),
             "a job queued when the receiver went is dropped: its requester hears at once"
         );
+    }
+
+    #[tokio::test]
+    async fn a_receiver_waiting_for_the_end_is_not_woken_by_sends() {
+        let (tx, mut rx) = channel::<Job>(4);
+        let woken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        struct Count(Arc<std::sync::atomic::AtomicUsize>);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Relaxed);
+            }
+        }
+        let waker = Waker::from(Arc::new(Count(woken.clone())));
+        let mut cx = std::task::Context::from_waker(&waker);
+        {
+            let ended = std::pin::pin!(rx.recv_or_end(false));
+            assert!(ended.poll(&mut cx).is_pending());
+        }
+        let (a, _ra) = job(1);
+        tx.send(a).await.ok().unwrap();
+        assert_eq!(woken.load(Relaxed), 0, "a send leaves a receiver waiting for the end be");
+        drop(tx);
+        assert_eq!(woken.load(Relaxed), 1, "the last sender going wakes it");
+        assert_eq!(&rx.try_recv().ok().unwrap().data[..], [1], "what was sent waits in the queue");
+        assert!(rx.recv_or_end(false).await.is_none(), "ended");
+        // Waiting for a job again: a send wakes it.
+        let (tx, mut rx) = channel::<Job>(4);
+        {
+            let recv = std::pin::pin!(rx.recv());
+            assert!(recv.poll(&mut cx).is_pending());
+        }
+        let (b, _rb) = job(2);
+        tx.send(b).await.ok().unwrap();
+        assert_eq!(woken.load(Relaxed), 2, "a receiver waiting for a job is woken by a send");
     }
 
     #[tokio::test]

@@ -223,11 +223,11 @@ impl ReplyAccount {
             let mut inbox = self.lock();
             match inbox.free.pop() {
                 Some(i) => {
-                    inbox.slots[i as usize] = Slot::Waiting(None);
+                    inbox.slots[i as usize] = Slot::WAITING;
                     i
                 }
                 None => {
-                    inbox.slots.push(Slot::Waiting(None));
+                    inbox.slots.push(Slot::WAITING);
                     (inbox.slots.len() - 1) as u32
                 }
             }
@@ -256,21 +256,31 @@ impl ReplyAccount {
         };
         let waker = {
             let mut inbox = self.lock();
-            match std::mem::replace(&mut inbox.slots[slot as usize], Slot::Free) {
-                Slot::Offered(waker) => match result {
+            // Looked at in place: the slot is replaced once, by what it
+            // becomes.
+            match &mut inbox.slots[slot as usize] {
+                Slot::Waiting { waker, offered: true } => match result {
                     Ok(Reply::Whole(frame)) => {
                         // Its success heard now: the client's writer may
                         // not look at the slot until its client sends more.
                         if let Some(health) = health {
                             health.succeeded();
                         }
+                        let waker = waker.take();
                         inbox.write_through(slot, frame, waker, &self.held)
                     }
-                    result => inbox.fill(slot, result, Some(waker), &self.held),
+                    result => {
+                        let waker = waker.take();
+                        inbox.fill(slot, result, waker, &self.held)
+                    }
                 },
-                Slot::Waiting(waker) => inbox.fill(slot, result, waker, &self.held),
+                Slot::Waiting { waker, offered: false } => {
+                    let waker = waker.take();
+                    inbox.fill(slot, result, waker, &self.held)
+                }
                 // The client stopped waiting: the reply is dropped.
                 _ => {
+                    inbox.slots[slot as usize] = Slot::Free;
                     inbox.free.push(slot);
                     None
                 }
@@ -296,22 +306,24 @@ struct Inbox {
 impl Inbox {
     /// The reply in slot `i`, if it has come: taken out, and the slot free
     /// again.
+    #[inline]
     fn release(&mut self, i: u32) -> Option<(Result<Delivered, BackendError>, usize)> {
-        let slot = &mut self.slots[i as usize];
-        if !matches!(slot, Slot::Done(..) | Slot::Sent(_)) {
-            return None;
-        }
-        let taken = match std::mem::replace(slot, Slot::Free) {
-            Slot::Done(result, counted) => (result.map(Delivered::Reply), counted),
-            Slot::Sent(n) => (Ok(Delivered::Sent(n)), 0),
+        let taken = match &mut self.slots[i as usize] {
+            Slot::Sent(n) => (Ok(Delivered::Sent(*n)), 0),
+            slot @ Slot::Done(..) => match std::mem::replace(slot, Slot::Free) {
+                Slot::Done(result, counted) => (result.map(Delivered::Reply), counted),
+                _ => return None,
+            },
             _ => return None,
         };
+        self.slots[i as usize] = Slot::Free;
         self.free.push(i);
         Some(taken)
     }
 
     /// Slot `slot`'s reply has come, for its client to take: counted on
     /// `held` until then. The client's waker, to be woken.
+    #[inline]
     fn fill(
         &mut self,
         slot: u32,
@@ -335,7 +347,7 @@ impl Inbox {
         &mut self,
         slot: u32,
         frame: Bytes,
-        waker: std::task::Waker,
+        waker: Option<std::task::Waker>,
         held: &AtomicUsize,
     ) -> Option<std::task::Waker> {
         // An error (the client gone) is the writer's to meet: it writes
@@ -348,7 +360,7 @@ impl Inbox {
             self.slots[slot as usize] = Slot::Sent(written);
             return None;
         }
-        self.fill(slot, Ok(Reply::Whole(frame.slice(written..))), Some(waker), held)
+        self.fill(slot, Ok(Reply::Whole(frame.slice(written..))), waker, held)
     }
 }
 
@@ -365,17 +377,25 @@ pub(crate) enum Delivered {
 #[derive(Debug)]
 enum Slot {
     Free,
-    /// No reply yet; the client's waker once it has looked.
-    Waiting(Option<std::task::Waker>),
-    /// No reply yet, and the client's writer waits on nothing else: the
-    /// reply may be written to the client's socket as it comes.
-    Offered(std::task::Waker),
+    /// No reply yet; the client's waker once it has looked. `offered`:
+    /// the client's writer waits on nothing else, so the reply may be
+    /// written to the client's socket as it comes (an offer always has a
+    /// waker).
+    Waiting {
+        waker: Option<std::task::Waker>,
+        offered: bool,
+    },
     /// The reply was written to the client's socket (this many bytes).
     Sent(usize),
     /// The reply, and the bytes it holds on the account.
     Done(Result<Reply, BackendError>, usize),
     /// The client stopped waiting before the reply came.
     Abandoned,
+}
+
+impl Slot {
+    /// A slot just reserved.
+    const WAITING: Slot = Slot::Waiting { waker: None, offered: false };
 }
 
 /// Bytes a reply accounts for while it waits for its client (a stream's
@@ -465,16 +485,15 @@ impl Pending {
             return Poll::Ready(result);
         }
         let offer = offer && inbox.socket.is_some();
-        let slot = &mut inbox.slots[self.slot as usize];
-        let waker = match std::mem::replace(slot, Slot::Free) {
-            Slot::Waiting(Some(w)) | Slot::Offered(w) if w.will_wake(cx.waker()) => w,
-            Slot::Waiting(_) | Slot::Offered(_) => cx.waker().clone(),
-            other => {
-                *slot = other;
-                return Poll::Ready(Err(BackendError::Closed("reply slot lost".into())));
-            }
+        // Changed in place: the waker is kept when it is the same.
+        let Slot::Waiting { waker, offered } = &mut inbox.slots[self.slot as usize] else {
+            return Poll::Ready(Err(BackendError::Closed("reply slot lost".into())));
         };
-        *slot = if offer { Slot::Offered(waker) } else { Slot::Waiting(Some(waker)) };
+        match waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => *waker = Some(cx.waker().clone()),
+        }
+        *offered = offer;
         Poll::Pending
     }
 }
@@ -486,7 +505,7 @@ impl Drop for Pending {
         if let Some((_, counted)) = inbox.release(self.slot) {
             drop(inbox);
             account.held.fetch_sub(counted, Relaxed);
-        } else if let slot @ (Slot::Waiting(_) | Slot::Offered(_)) = &mut inbox.slots[self.slot as usize] {
+        } else if let slot @ Slot::Waiting { .. } = &mut inbox.slots[self.slot as usize] {
             // Its reply is dropped when it comes ([`ReplyAccount::deliver`]).
             *slot = Slot::Abandoned;
         }

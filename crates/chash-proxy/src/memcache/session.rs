@@ -67,6 +67,19 @@ impl MemcacheSession {
 }
 
 impl Session for MemcacheSession {
+    type Later = ();
+
+    fn next_now(&mut self, _buf: &mut BytesMut) -> Result<Step, ()> {
+        Err(())
+    }
+
+    fn next_later(&mut self, (): (), buf: &mut BytesMut) -> impl std::future::Future<Output = Step> + Send {
+        self.next(buf)
+    }
+}
+
+impl MemcacheSession {
+    /// The next request from the front of `buf`, sent on its way.
     async fn next(&mut self, buf: &mut BytesMut) -> Step {
         if self.skip_line {
             match memchr::memchr(b'\n', buf) {

@@ -98,7 +98,7 @@ enum Forward {
 }
 
 /// A command waiting for room in its server connection's queue.
-struct Full {
+pub(crate) struct Full {
     server: Arc<Server>,
     job: Box<Job>,
     pending: Pending,
@@ -150,76 +150,99 @@ impl RedisSession {
     }
 }
 
+/// What [`RedisSession::next_now`] leaves to [`RedisSession::next_later`].
+pub(crate) enum Later {
+    /// A request that is not a command to forward at once (an error, an
+    /// HTTP word, an argument over the limit).
+    Request(Request),
+    /// A command (counted) for the general path.
+    Command(Command),
+    /// A command whose server's queue was full.
+    Full(Box<Full>),
+}
+
 impl Session for RedisSession {
-    async fn next(&mut self, buf: &mut BytesMut) -> Step {
+    type Later = Later;
+
+    fn next_now(&mut self, buf: &mut BytesMut) -> Result<Step, Later> {
         if let Some(skip) = &mut self.skip {
             match skip.advance(buf) {
                 Ok(true) => self.skip = None,
-                Ok(false) => return Step::More,
-                Err(msg) => return Step::Close { reply: Some(err(&self.pool, format!("ERR {msg}"))), error: true },
+                Ok(false) => return Ok(Step::More),
+                Err(msg) => return Ok(Step::Close { reply: Some(err(&self.pool, format!("ERR {msg}"))), error: true }),
             }
         }
-        match parse_request(buf, self.limits) {
-            Request::Incomplete => Step::More,
-            Request::Error(msg) => Step::Close { reply: Some(err(&self.pool, format!("ERR {msg}"))), error: true },
-            Request::Http => self.http_refused(),
-            Request::Command(cmd) if crate::redis::resp::is_http_word(&cmd.args[0]) => self.http_refused(),
-            Request::TooLarge { len, skip } => {
+        let cmd = match parse_request(buf, self.limits) {
+            Request::Incomplete => return Ok(Step::More),
+            Request::Command(cmd) if !crate::redis::resp::is_http_word(&cmd.args[0]) => cmd,
+            other => return Err(Later::Request(other)),
+        };
+        self.pool.counters().requests.fetch_add(1, Relaxed);
+        if self.sub.is_none() && self.plain() {
+            if let Some(position) = super::command::common_key(&cmd.args) {
+                // `GET` or `SET` of a plain session: to the key's server,
+                // with no future made (the commonest path).
+                return match self.forward_now(&cmd.args[position], &cmd) {
+                    Forward::Sent(reply) => Ok(Step::Reply(reply)),
+                    Forward::Full(full) => Err(Later::Full(full)),
+                };
+            }
+        }
+        Err(Later::Command(cmd))
+    }
+
+    async fn next_later(&mut self, later: Later, _buf: &mut BytesMut) -> Step {
+        let cmd = match later {
+            Later::Full(full) => return Step::Reply(self.forward_waiting(full).await),
+            Later::Command(cmd) => cmd,
+            Later::Request(Request::Incomplete) => return Step::More,
+            Later::Request(Request::Error(msg)) => {
+                return Step::Close { reply: Some(err(&self.pool, format!("ERR {msg}"))), error: true }
+            }
+            Later::Request(Request::Http | Request::Command(_)) => return self.http_refused(),
+            Later::Request(Request::TooLarge { len, skip }) => {
                 self.skip = Some(skip);
                 self.pool.counters().requests.fetch_add(1, Relaxed);
-                Step::Reply(err(
+                return Step::Reply(err(
                     &self.pool,
                     format!(
                         "ERR argument of {len} bytes is over chash-proxy's limit of {} bytes (chash proxy \
                          --max-value-size)",
                         self.limits.max_bulk
                     ),
-                ))
+                ));
             }
-            Request::Command(cmd) => {
-                self.pool.counters().requests.fetch_add(1, Relaxed);
-                if self.sub.is_none() && self.plain() {
-                    if let Some(position) = super::command::common_key(&cmd.args) {
-                        // `GET` or `SET` of a plain session: to the key's server.
-                        return Step::Reply(match self.forward_now(&cmd.args[position], &cmd) {
-                            // Inline, not `forward`'s future: the commonest path.
-                            Forward::Sent(reply) => reply,
-                            Forward::Full(full) => self.forward_waiting(full).await,
-                        });
-                    }
-                }
-                let mut name_buf = [0u8; 32];
-                let name = cmd.name_in(&mut name_buf);
-                if self.sub.is_some() || name == "RESET" || super::pubsub::pubsub_kind(name).is_some() {
-                    let name = name.to_owned();
-                    return self.pubsub_step(&name, cmd).await;
-                }
-                if self.plain() {
-                    // The common case, without the general path's layers:
-                    // a client logged in (or needing no login), no
-                    // transaction, no migration; a command of one key, to
-                    // its server (or a replica, by the read policy, in
-                    // `forward_now`).
-                    let route = route(name, &cmd.args);
-                    if let Route::Key(position) = route {
-                        return Step::Reply(match self.forward_now(&cmd.args[position], &cmd) {
-                            // Inline, not `forward`'s future: the commonest path.
-                            Forward::Sent(reply) => reply,
-                            Forward::Full(full) => self.forward_waiting(full).await,
-                        });
-                    }
-                    let quit = name == "QUIT";
-                    let reply = self.dispatch_routed(name, cmd, route).await;
-                    return if quit { Step::Close { reply: Some(reply), error: false } } else { Step::Reply(reply) };
-                }
-                let quit = name == "QUIT";
-                let reply = self.dispatch_named(name, cmd).await;
-                if quit {
-                    Step::Close { reply: Some(reply), error: false }
-                } else {
-                    Step::Reply(reply)
-                }
+        };
+        let mut name_buf = [0u8; 32];
+        let name = cmd.name_in(&mut name_buf);
+        if self.sub.is_some() || name == "RESET" || super::pubsub::pubsub_kind(name).is_some() {
+            let name = name.to_owned();
+            return self.pubsub_step(&name, cmd).await;
+        }
+        if self.plain() {
+            // The common case, without the general path's layers:
+            // a client logged in (or needing no login), no
+            // transaction, no migration; a command of one key, to
+            // its server (or a replica, by the read policy, in
+            // `forward_now`).
+            let route = route(name, &cmd.args);
+            if let Route::Key(position) = route {
+                return Step::Reply(match self.forward_now(&cmd.args[position], &cmd) {
+                    // Inline, not `forward`'s future.
+                    Forward::Sent(reply) => reply,
+                    Forward::Full(full) => self.forward_waiting(full).await,
+                });
             }
+            let quit = name == "QUIT";
+            let reply = self.dispatch_routed(name, cmd, route).await;
+            return if quit { Step::Close { reply: Some(reply), error: false } } else { Step::Reply(reply) };
+        }
+        let quit = name == "QUIT";
+        let reply = self.dispatch_named(name, cmd).await;
+        if quit {
+            Step::Close { reply: Some(reply), error: false }
+        } else {
+            Step::Reply(reply)
         }
     }
 }
