@@ -730,7 +730,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         // what is gathered is written. With nothing gathered, awaited
         // alone, and offered.
         let now = if out.is_empty() {
-            Some(alone(&mut next, replies, flow).await)
+            Some(std::future::poll_fn(|cx| alone(&mut next, replies, flow, cx)).await)
         } else {
             std::future::poll_fn(|cx| match Pin::new(&mut next).poll(cx) {
                 Poll::Ready(b) => Poll::Ready(Some(b)),
@@ -743,7 +743,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             None => {
                 write_all(&mut w, &out, account).await?;
                 out.clear();
-                alone(&mut next, replies, flow).await
+                std::future::poll_fn(|cx| alone(&mut next, replies, flow, cx)).await
             }
         };
         match reply {
@@ -788,7 +788,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
     w.shutdown().await
 }
 
-/// `next`, awaited by a writer with nothing unwritten before it. While
+/// Polls `next` for a writer with nothing unwritten before it. While
 /// nothing is queued behind it, the reader has not ended and does not
 /// wait for room in the window, the reply's slot is offered: its server
 /// connection may write it to the client itself. Each of those is seen by
@@ -796,15 +796,13 @@ async fn write_replies<W: AsyncWrite + Unpin>(
 /// which withdraws the offer; a reply written through before that is taken
 /// as sent then. While the offer holds, the task is not woken for the
 /// reply: nothing needs the writer until the reader has more for it.
-async fn alone(next: &mut PendingReply, replies: &Replies, flow: &Flow) -> Option<Out> {
-    std::future::poll_fn(|cx| {
-        let offer = matches!(next, PendingReply::Server(_))
-            && !flow.waiting.load(Relaxed)
-            && !replies.done.load(Relaxed)
-            && replies.is_empty();
-        next.poll_offering(cx, offer)
-    })
-    .await
+#[inline]
+fn alone(next: &mut PendingReply, replies: &Replies, flow: &Flow, cx: &mut Context<'_>) -> Poll<Option<Out>> {
+    let offer = matches!(next, PendingReply::Server(_))
+        && !flow.waiting.load(Relaxed)
+        && !replies.done.load(Relaxed)
+        && replies.is_empty();
+    next.poll_offering(cx, offer)
 }
 
 /// The size a streamed reply counts for in the average: large.

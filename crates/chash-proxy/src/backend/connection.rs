@@ -20,14 +20,14 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::queue::JobReceiver;
 use tokio::time::Instant;
 
-use super::framing::{Chunk, Frame, Framing, Large, Reply, ReplyStream, Scan, Setup};
+use super::framing::{Chunk, Frame, Framing, Large, Measured, Reply, ReplyStream, Scan, Setup};
 use super::health::Health;
 use super::moving::switched;
 use super::open::{open, BoxRead, Opened};
@@ -260,6 +260,18 @@ impl InFlight {
         }
     }
 
+    /// Answers it with its server's reply, the first `len` bytes of
+    /// `buf` (taken from it; written to the client from `buf` if it can
+    /// be: [`super::ReplyTx::send_front`]).
+    fn settle_front(mut self, c: &ServerCounters, buf: &mut BytesMut, len: usize, health: &Health) {
+        c.out_queue.fetch_sub(1, Relaxed);
+        c.out_queue_bytes.fetch_sub(self.bytes, Relaxed);
+        match self.reply.take() {
+            Some(tx) => tx.send_front(buf, len, health),
+            None => buf.advance(len),
+        }
+    }
+
     /// Answers it now (if not yet); it stays in line for its reply.
     fn answer(&mut self, result: Result<Reply, BackendError>) {
         let Some(tx) = self.reply.take() else { return };
@@ -470,7 +482,25 @@ async fn read_replies(
             }
             let Some(front) = line.waiting.front() else { break };
             let framing = front.framing;
-            match framing.parse(&mut buf) {
+            let frame = match framing.measure(&buf) {
+                // A reply of one frame, whole: passed on from the read
+                // buffer (written to its client from there if it can be).
+                Measured::Len(len) if front.frames_left == 1 && front.got.is_none() => {
+                    if let Some(f) = line.waiting.pop_front() {
+                        let now = *now.get_or_insert_with(Instant::now);
+                        latency.local().observe(now.saturating_duration_since(f.sent));
+                        c.responses.fetch_add(1, Relaxed);
+                        c.response_bytes.fetch_add(len as u64, Relaxed);
+                        f.settle_front(c, &mut buf, len, &health);
+                    }
+                    continue;
+                }
+                Measured::Len(len) => Frame::Done(buf.split_to(len).freeze()),
+                Measured::Incomplete => Frame::Incomplete,
+                Measured::Invalid(e) => Frame::Invalid(e),
+                Measured::Unknown => framing.parse(&mut buf),
+            };
+            match frame {
                 Frame::Done(reply) if front.frames_left > 1 => {
                     // One of several replies to one request: kept until the last.
                     if let Some(f) = line.waiting.front_mut() {

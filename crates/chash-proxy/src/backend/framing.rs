@@ -18,6 +18,20 @@ pub enum Frame {
     Invalid(String),
 }
 
+/// Where the reply at the front of a server's byte stream ends, found
+/// without taking it ([`Framing::measure`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Measured {
+    /// It is whole, and this long.
+    Len(usize),
+    /// More bytes are needed.
+    Incomplete,
+    /// The server sent something that is not a reply of this protocol.
+    Invalid(String),
+    /// The framing does not measure: [`Framing::parse`] takes its replies.
+    Unknown,
+}
+
 /// What happens to a reply that keeps growing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Large {
@@ -45,6 +59,14 @@ pub enum Large {
 pub trait Framing: Send + Sync + 'static {
     /// Takes one reply from the front of `buf` when it is complete.
     fn parse(&self, buf: &mut BytesMut) -> Frame;
+
+    /// Where the reply at the front of `buf` ends, leaving it there (a
+    /// reply passed on as it is can then be written from the read buffer,
+    /// taken from it only if it has to wait). Defaults to
+    /// [`Measured::Unknown`]: `parse` takes the replies.
+    fn measure(&self, _buf: &[u8]) -> Measured {
+        Measured::Unknown
+    }
 
     /// What to do with a reply that keeps growing. Defaults to holding it.
     fn large(&self) -> Large {

@@ -33,7 +33,7 @@ use bytes::Bytes;
 use chash::ServerLine;
 
 pub(crate) use framing::{Chunk, Large, Reply, ReplyStream, Scan, Setup};
-pub use framing::{Frame, Framing};
+pub use framing::{Frame, Framing, Measured};
 pub(crate) use health::{FailureHook, Health};
 pub(crate) use moving::{Moving, Target};
 pub(crate) use open::{BoxRead, BoxWrite};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::framing::{Framing, Reply, Setup};
@@ -292,6 +292,56 @@ impl ReplyAccount {
     }
 }
 
+impl ReplyAccount {
+    /// A server's reply for slot `slot`: the first `len` bytes of `buf`,
+    /// taken from it. Written to the client from `buf` itself when the
+    /// slot is offered (nothing copied or counted); else taken as
+    /// [`ReplyAccount::deliver`] takes a reply. `health` hears of its
+    /// success if it is written through.
+    fn deliver_front(&self, slot: u32, buf: &mut BytesMut, len: usize, health: &super::health::Health) {
+        if self.held.load(Relaxed) >= self.limit {
+            // The overflow is `deliver`'s to say.
+            return self.deliver(slot, Ok(Reply::Whole(buf.split_to(len).freeze())), Some(health));
+        }
+        let waker = {
+            let mut inbox = self.lock();
+            match &mut inbox.slots[slot as usize] {
+                Slot::Waiting { waker, offered: true } => {
+                    health.succeeded();
+                    let waker = waker.take();
+                    // An error (the client gone) is the writer's to meet.
+                    let written = match &inbox.socket {
+                        Some(socket) => socket.try_write(&buf[..len]).unwrap_or(0),
+                        None => 0,
+                    };
+                    if written == len {
+                        buf.advance(len);
+                        inbox.slots[slot as usize] = Slot::Sent(len);
+                        None
+                    } else {
+                        let rest = buf.split_to(len).freeze().slice(written..);
+                        inbox.fill(slot, Ok(Reply::Whole(rest)), waker, &self.held)
+                    }
+                }
+                Slot::Waiting { waker, offered: false } => {
+                    let waker = waker.take();
+                    inbox.fill(slot, Ok(Reply::Whole(buf.split_to(len).freeze())), waker, &self.held)
+                }
+                // The client stopped waiting: the reply is dropped.
+                _ => {
+                    buf.advance(len);
+                    inbox.slots[slot as usize] = Slot::Free;
+                    inbox.free.push(slot);
+                    None
+                }
+            }
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
 /// Where a client's replies wait for it, by slot.
 #[derive(Debug, Default)]
 struct Inbox {
@@ -424,6 +474,16 @@ impl ReplyTx {
         }
     }
 
+    /// Sends its server's reply, the first `len` bytes of `buf` (taken
+    /// from it): written to the client from `buf` when its slot is
+    /// offered. `health`, the server's, hears of its success then.
+    pub(super) fn send_front(mut self, buf: &mut BytesMut, len: usize, health: &super::health::Health) {
+        match self.account.take() {
+            Some(account) => account.deliver_front(self.slot, buf, len, health),
+            None => buf.advance(len),
+        }
+    }
+
     /// Sends its server's reply; `health`, the server's, hears of its
     /// success if the reply is written through to the client (its client
     /// may not look at it until it sends more).
@@ -477,24 +537,39 @@ impl Pending {
         let Some(account) = &self.account else {
             return Poll::Ready(Err(BackendError::Closed("reply already taken".into())));
         };
+        let i = self.slot;
         let mut inbox = account.lock();
-        if let Some((result, counted)) = inbox.release(self.slot) {
-            drop(inbox);
-            account.held.fetch_sub(counted, Relaxed);
-            self.account = None;
-            return Poll::Ready(result);
-        }
         let offer = offer && inbox.socket.is_some();
-        // Changed in place: the waker is kept when it is the same.
-        let Slot::Waiting { waker, offered } = &mut inbox.slots[self.slot as usize] else {
-            return Poll::Ready(Err(BackendError::Closed("reply slot lost".into())));
-        };
-        match waker {
-            Some(w) if w.will_wake(cx.waker()) => {}
-            _ => *waker = Some(cx.waker().clone()),
+        // The two common cases first, in place: still waiting (the waker
+        // kept when it is the same), or written through.
+        match &mut inbox.slots[i as usize] {
+            Slot::Waiting { waker, offered } => {
+                match waker {
+                    Some(w) if w.will_wake(cx.waker()) => {}
+                    _ => *waker = Some(cx.waker().clone()),
+                }
+                *offered = offer;
+                return Poll::Pending;
+            }
+            Slot::Sent(n) => {
+                let n = *n;
+                inbox.slots[i as usize] = Slot::Free;
+                inbox.free.push(i);
+                drop(inbox);
+                self.account = None;
+                return Poll::Ready(Ok(Delivered::Sent(n)));
+            }
+            _ => {}
         }
-        *offered = offer;
-        Poll::Pending
+        match inbox.release(i) {
+            Some((result, counted)) => {
+                drop(inbox);
+                account.held.fetch_sub(counted, Relaxed);
+                self.account = None;
+                Poll::Ready(result)
+            }
+            None => Poll::Ready(Err(BackendError::Closed("reply slot lost".into()))),
+        }
     }
 }
 
@@ -711,6 +786,19 @@ mod tests {
     /// doubled.
     #[tokio::test]
     async fn what_a_full_socket_does_not_take_is_left_for_the_writer() {
+        partly_written(false).await;
+    }
+
+    /// The same, for a reply sent from the server connection's read
+    /// buffer ([`ReplyTx::send_front`]).
+    #[tokio::test]
+    async fn what_a_full_socket_does_not_take_of_a_read_buffer_is_left_for_the_writer() {
+        partly_written(true).await;
+    }
+
+    /// A reply of 16 MiB written through to a full socket; `front`: sent
+    /// from a read buffer, which holds the next reply's bytes after it.
+    async fn partly_written(front: bool) {
         use tokio::io::AsyncReadExt;
         let (mut client, socket, _r) = socket_pair().await;
         // The client reads nothing: the socket's buffers fill.
@@ -739,7 +827,14 @@ mod tests {
             .unwrap();
         let (tx, mut p) = account.reserve();
         assert!(poll_offered(&mut p, &wakes, true).is_pending());
-        tx.send(Ok(Reply::Whole(frame.clone())));
+        if front {
+            let mut buf = BytesMut::from(&frame[..]);
+            buf.extend_from_slice(b"+NEXT\r\n");
+            tx.send_front(&mut buf, frame.len(), &super::super::health::Health::new("s1".into(), 10, None));
+            assert_eq!(&buf[..], b"+NEXT\r\n", "the reply's bytes taken, the next reply's left");
+        } else {
+            tx.send(Ok(Reply::Whole(frame.clone())));
+        }
         assert_eq!(wakes.0.load(Relaxed), 1, "the writer is woken for the rest");
         let Poll::Ready(Ok(Delivered::Reply(Reply::Whole(rest)))) = poll_offered(&mut p, &wakes, true) else {
             panic!("the rest is not in the slot")
@@ -760,6 +855,54 @@ mod tests {
         writer.await.unwrap();
         assert!(all[..filler - drained.len()].iter().all(|&b| b == b'f'));
         assert_eq!(&all[filler - drained.len()..], &frame[..], "{sent} bytes written through, the rest after");
+    }
+
+    /// A reply sent from a server connection's read buffer takes its own
+    /// bytes from it, whatever becomes of it: written through (offered),
+    /// held for the writer (not offered), dropped (abandoned), or an
+    /// overflow (the account full).
+    #[tokio::test]
+    async fn a_reply_sent_from_a_read_buffer_takes_its_own_bytes_only() {
+        use tokio::io::AsyncReadExt;
+        let (mut client, socket, _r) = socket_pair().await;
+        let account = ReplyAccount::new(16);
+        account.attach(socket);
+        let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
+        let health = super::super::health::Health::new("s1".into(), 10, None);
+        let mut buf = BytesMut::from(&b"$5\r\nhello\r\n+held\r\n+gone\r\n:1\r\n:2\r\n"[..]);
+
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, true).is_pending());
+        tx.send_front(&mut buf, 11, &health);
+        assert_eq!(wakes.0.load(Relaxed), 0, "written through: no one woken");
+        assert!(matches!(poll_offered(&mut p, &wakes, true), Poll::Ready(Ok(Delivered::Sent(11)))));
+        let mut got = [0u8; 11];
+        client.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"$5\r\nhello\r\n");
+
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, false).is_pending());
+        tx.send_front(&mut buf, 7, &health);
+        assert_eq!(wakes.0.load(Relaxed), 1);
+        assert_eq!(account.held(), 7, "held for the writer, on the account");
+        let Poll::Ready(Ok(Delivered::Reply(r))) = poll_offered(&mut p, &wakes, false) else { panic!("no reply") };
+        assert_eq!(whole(Ok(r)), "+held\r\n");
+
+        let (tx, p) = account.reserve();
+        drop(p);
+        tx.send_front(&mut buf, 7, &health);
+        assert_eq!(account.held(), 0, "abandoned: dropped");
+
+        // Full (16 bytes held): an overflow, and the bytes still taken.
+        let (big, mut held) = account.reserve();
+        big.send(Ok(Reply::Whole(Bytes::from(vec![b'x'; 16]))));
+        let (tx, mut p) = account.reserve();
+        assert!(poll_offered(&mut p, &wakes, true).is_pending());
+        tx.send_front(&mut buf, 4, &health);
+        assert!(matches!(poll_offered(&mut p, &wakes, true), Poll::Ready(Err(BackendError::Overflow))));
+        assert!(account.is_overflowed());
+        assert_eq!(&buf[..], b":2\r\n", "each reply took its own bytes, no more");
+        assert!(matches!(poll_offered(&mut held, &wakes, false), Poll::Ready(Ok(_))));
     }
 
     /// A reply written through is heard by its server's health at once

@@ -6,7 +6,7 @@
 
 use bytes::{Buf, Bytes, BytesMut};
 
-use crate::backend::{Frame, Framing, Large, Scan};
+use crate::backend::{Frame, Framing, Large, Measured, Scan};
 
 /// Default largest argument accepted from Redis clients: four times the
 /// largest values twemproxy's own tests store; a value is held whole while
@@ -37,6 +37,9 @@ impl Framing for Streamed {
     fn parse(&self, buf: &mut BytesMut) -> Frame {
         parse_reply(buf)
     }
+    fn measure(&self, buf: &[u8]) -> Measured {
+        measure_reply(buf)
+    }
     fn large(&self) -> Large {
         Large::Stream { after: STREAM_AFTER }
     }
@@ -48,6 +51,9 @@ impl Framing for Streamed {
 impl Framing for Whole {
     fn parse(&self, buf: &mut BytesMut) -> Frame {
         parse_reply(buf)
+    }
+    fn measure(&self, buf: &[u8]) -> Measured {
+        measure_reply(buf)
     }
     fn large(&self) -> Large {
         Large::Refuse { limit: WHOLE_REPLY_LIMIT }
@@ -714,6 +720,16 @@ pub fn parse_reply(buf: &mut BytesMut) -> Frame {
     }
 }
 
+/// Where the reply frame at the front of `buf` ends, as [`parse_reply`]
+/// finds it, nothing taken.
+pub fn measure_reply(buf: &[u8]) -> Measured {
+    match frame_end(buf, 0, 0) {
+        Ok(Some(end)) => Measured::Len(end),
+        Ok(None) => Measured::Incomplete,
+        Err(e) => Measured::Invalid(e),
+    }
+}
+
 /// Longest header line a streamed reply may have (`$<len>`, `*<count>`, a
 /// status or an error line; long error lines come from scripts).
 const MAX_REPLY_LINE: usize = 16 << 20;
@@ -977,6 +993,30 @@ mod tests {
         fn line_end_finds_what_a_window_scan_finds(buf in proptest::collection::vec(proptest::sample::select(vec![b'\r', b'\n', b'a']), 0..24), from in 0usize..24) {
             let from = from.min(buf.len());
             proptest::prop_assert_eq!(line_end(&buf, from), naive_line_end(&buf, from));
+        }
+    }
+
+    #[test]
+    fn a_reply_measured_ends_where_parsing_takes_it() {
+        for frame in [
+            &b"+OK\r\n:1\r\n"[..],
+            b"$5\r\nhello\r\n$1",
+            b"$-1\r\n",
+            b"*2\r\n$1\r\na\r\n:7\r\n+x\r\n",
+            b"%1\r\n+k\r\n+v\r\n",
+            b"$5\r\nhel",
+            b"*2\r\n:1\r\n",
+            b"",
+            b"?bad\r\n",
+            b"$x\r\n",
+        ] {
+            let mut buf = BytesMut::from(frame);
+            let measured = measure_reply(frame);
+            match parse_reply(&mut buf) {
+                Frame::Done(reply) => assert_eq!(measured, Measured::Len(reply.len()), "{frame:?}"),
+                Frame::Incomplete => assert_eq!(measured, Measured::Incomplete, "{frame:?}"),
+                Frame::Invalid(e) => assert_eq!(measured, Measured::Invalid(e), "{frame:?}"),
+            }
         }
     }
 
