@@ -217,6 +217,29 @@ async fn a_silent_server_times_out_on_time() {
     assert!(snap.servers[0].get("server_timedout") >= 1);
 }
 
+/// A blocking request has a deadline of its own (its wait plus a grace)
+/// even in a pool without a timeout: to a server that never answers, it
+/// is answered then. Its connection's reader, which without a timeout is
+/// not woken for every request written, is woken for it.
+#[tokio::test(start_paused = true)]
+async fn a_blocking_request_to_a_silent_server_is_answered_by_its_own_deadline() {
+    let pool = pool("", &[silent_server()], None);
+    let requester = crate::conn::requester(1 << 20);
+    let server = pool.state().server_for(b"k").unwrap().clone();
+    let pinned = server.pin(&requester);
+    let started = Instant::now();
+    let framing = crate::memcache::LINE;
+    let pending = server
+        .submit_blocking(&pinned, Bytes::from_static(b"wait\r\n"), framing, &requester, Some(Duration::from_secs(1)))
+        .await;
+    // Paused time: a request never timed fails here, at 10 s.
+    let reply = tokio::time::timeout(Duration::from_secs(10), server.finish(pending)).await;
+    let reply = reply.expect("answered by its own deadline");
+    assert!(matches!(reply, Err(crate::backend::BackendError::Timeout)), "{reply:?}");
+    // Its wait (1 s) and the grace of a pool without a timeout (1 s).
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+}
+
 /// A server whose connection set-up fails is down, and every request gets
 /// the server's refusal by its deadline (before, requests queued behind a
 /// failed set-up were never answered).

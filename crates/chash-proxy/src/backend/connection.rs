@@ -355,9 +355,13 @@ async fn run_connection(opened: Opened, mut first: VecDeque<Job>, rx: &mut JobRe
         let c = slot.counters.local();
         let sent = Instant::now();
         let (count, bytes) = (jobs.len() as u64, bytes as u64);
+        // Whether a request has a deadline of its own although the pool
+        // has no timeout (a blocking command's): the reader times it.
+        let mut urgent = false;
         for job in jobs.drain(..) {
             batch.extend_from_slice(&job.data);
             let Job { framing, frames, reply, deadline, data } = job;
+            urgent |= deadline.is_some();
             let bytes = data.len() as u64;
             written.push_back(InFlight {
                 framing,
@@ -375,7 +379,7 @@ async fn run_connection(opened: Opened, mut first: VecDeque<Job>, rx: &mut JobRe
         c.out_queue.fetch_add(count, Relaxed);
         c.out_queue_bytes.fetch_add(bytes, Relaxed);
         // Handed to the reader under one lock.
-        if inflight_tx.push_all(&mut written).is_err() {
+        if inflight_tx.push_all(&mut written, urgent && timeout.is_none()).is_err() {
             // The reader has ended: the batch gets the connection's loss.
             let lost = BackendError::Closed("connection lost".into());
             for f in written.drain(..) {
@@ -605,8 +609,9 @@ async fn read_replies(
             }
             // With a timeout, the line's front is timed from when it is
             // written: the reader is woken for it. Without, it is woken
-            // only by the replies (a poll saved per batch written), or by
-            // the writer's end.
+            // only by the replies (a poll saved per batch written), by the
+            // writer's end, or by a batch with a deadline of its own (a
+            // blocking command's: sent urgent, taken in as with a timeout).
             f = line.inflight.recv_or_end(timeout.is_some()), if line.waiting.is_empty() => match f {
                 Some(f) => line.waiting.push_back(f),
                 None => {

@@ -25,8 +25,11 @@ struct State<T> {
     /// `for_end`).
     waiting: Option<Waker>,
     /// The receiver waits for the last sender to go, not for jobs: a send
-    /// leaves it be ([`Receiver::ended`]).
+    /// leaves it be ([`Receiver::recv_or_end`]), unless it is `urgent`.
     for_end: bool,
+    /// A job queued must be taken in even by a receiver that waits for
+    /// the end only (a request with a deadline to time).
+    urgent: bool,
     /// The receiver is gone or closed: sends fail.
     closed: bool,
 }
@@ -52,7 +55,7 @@ impl<T> Shared<T> {
 /// A queue of at most `capacity` jobs.
 pub(super) fn channel<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     let shared = Arc::new(Shared {
-        state: Mutex::new(State { jobs: VecDeque::new(), waiting: None, for_end: false, closed: false }),
+        state: Mutex::new(State { jobs: VecDeque::new(), waiting: None, for_end: false, urgent: false, closed: false }),
         capacity: capacity.max(1),
         senders: AtomicUsize::new(1),
         full: AtomicUsize::new(0),
@@ -91,8 +94,9 @@ impl<T> Drop for Sender<T> {
 impl<T> Sender<T> {
     /// Queues every job of `jobs` (emptied) under one lock, whether or not
     /// the queue is full (a queue without a bound); an error, `jobs` left
-    /// as they were, when the receiver is gone.
-    pub(super) fn push_all(&self, jobs: &mut VecDeque<T>) -> Result<(), ()> {
+    /// as they were, when the receiver is gone. `urgent`: the receiver
+    /// takes them in even if it waits for the end only.
+    pub(super) fn push_all(&self, jobs: &mut VecDeque<T>, urgent: bool) -> Result<(), ()> {
         let mut state = self.0.lock();
         if state.closed {
             return Err(());
@@ -100,6 +104,7 @@ impl<T> Sender<T> {
         if jobs.is_empty() {
             return Ok(());
         }
+        state.urgent |= urgent;
         if state.jobs.is_empty() {
             // Capacities change hands: neither side allocates in the steady state.
             std::mem::swap(&mut state.jobs, jobs);
@@ -164,7 +169,7 @@ impl<T> Sender<T> {
 /// Lets go of the queue `state` holds locked, then wakes the receiver if
 /// it waits for a job.
 fn wake_receiver<T>(mut state: MutexGuard<'_, State<T>>) {
-    if state.for_end {
+    if state.for_end && !state.urgent {
         return;
     }
     let waker = state.waiting.take();
@@ -209,16 +214,21 @@ impl<T> Receiver<T> {
 
     /// With `jobs`, [`Receiver::recv`]. Without, `None` once every sender
     /// is gone, and jobs sent meanwhile do not wake it (they wait in the
-    /// queue, which may not be empty then).
+    /// queue, which may not be empty then) unless they were sent
+    /// `urgent` ([`Sender::push_all`]): then the next job.
     pub(super) async fn recv_or_end(&mut self, jobs: bool) -> Option<T> {
         poll_fn(|cx| {
             let mut state = self.0.lock();
-            if jobs {
+            if jobs || state.urgent {
                 if let Some(job) = state.jobs.pop_front() {
+                    if state.jobs.is_empty() {
+                        state.urgent = false;
+                    }
                     drop(state);
                     self.made_room(1);
                     return Poll::Ready(Some(job));
                 }
+                state.urgent = false;
             }
             if self.0.senders.load(Relaxed) == 0 {
                 return Poll::Ready(None);
@@ -269,6 +279,7 @@ impl<T> Receiver<T> {
             return;
         }
         let n = state.jobs.len();
+        state.urgent = false;
         if into.is_empty() {
             std::mem::swap(into, &mut state.jobs);
         } else {
@@ -420,8 +431,14 @@ mod tests {
         assert_eq!(woken.load(Relaxed), 1, "the last sender going wakes it");
         assert_eq!(&rx.try_recv().ok().unwrap().data[..], [1], "what was sent waits in the queue");
         assert!(rx.recv_or_end(false).await.is_none(), "ended");
-        // Waiting for a job again: a send wakes it.
+
+        // One receiver, waiting for the end, then for a job: a send wakes
+        // it then.
         let (tx, mut rx) = channel::<Job>(4);
+        {
+            let ended = std::pin::pin!(rx.recv_or_end(false));
+            assert!(ended.poll(&mut cx).is_pending());
+        }
         {
             let recv = std::pin::pin!(rx.recv());
             assert!(recv.poll(&mut cx).is_pending());
@@ -429,6 +446,34 @@ mod tests {
         let (b, _rb) = job(2);
         tx.send(b).await.ok().unwrap();
         assert_eq!(woken.load(Relaxed), 2, "a receiver waiting for a job is woken by a send");
+        assert_eq!(&rx.try_recv().ok().unwrap().data[..], [2]);
+
+        // Waiting for the end: jobs pushed urgent wake it, and it takes
+        // them in, one by one, as `recv` does; then it waits for the end
+        // again.
+        {
+            let ended = std::pin::pin!(rx.recv_or_end(false));
+            assert!(ended.poll(&mut cx).is_pending());
+        }
+        let (c, _rc) = job(3);
+        let (d, _rd) = job(4);
+        let mut urgent = VecDeque::from([c, d]);
+        tx.push_all(&mut urgent, true).unwrap();
+        assert_eq!(woken.load(Relaxed), 3, "an urgent push wakes a receiver waiting for the end");
+        assert_eq!(&rx.recv_or_end(false).await.unwrap().data[..], [3]);
+        assert_eq!(&rx.recv_or_end(false).await.unwrap().data[..], [4]);
+        {
+            let ended = std::pin::pin!(rx.recv_or_end(false));
+            assert!(ended.poll(&mut cx).is_pending(), "nothing urgent left: it waits for the end");
+        }
+        let (e, _re) = job(5);
+        let mut plain = VecDeque::from([e]);
+        tx.push_all(&mut plain, false).unwrap();
+        assert_eq!(woken.load(Relaxed), 3, "a push that is not urgent leaves it be");
+        drop(tx);
+        assert_eq!(woken.load(Relaxed), 4);
+        assert!(rx.recv_or_end(false).await.is_none());
+        assert_eq!(&rx.try_recv().ok().unwrap().data[..], [5]);
     }
 
     #[tokio::test]

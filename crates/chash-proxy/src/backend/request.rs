@@ -358,15 +358,16 @@ impl Inbox {
     /// again.
     #[inline]
     fn release(&mut self, i: u32) -> Option<(Result<Delivered, BackendError>, usize)> {
-        let taken = match &mut self.slots[i as usize] {
-            Slot::Sent(n) => (Ok(Delivered::Sent(*n)), 0),
-            slot @ Slot::Done(..) => match std::mem::replace(slot, Slot::Free) {
-                Slot::Done(result, counted) => (result.map(Delivered::Reply), counted),
-                _ => return None,
-            },
+        let slot = &mut self.slots[i as usize];
+        if !matches!(slot, Slot::Done(..) | Slot::Sent(_)) {
+            return None;
+        }
+        let taken = match std::mem::replace(slot, Slot::Free) {
+            Slot::Sent(n) => (Ok(Delivered::Sent(n)), 0),
+            Slot::Done(result, counted) => (result.map(Delivered::Reply), counted),
+            // Not reached: looked at just above.
             _ => return None,
         };
-        self.slots[i as usize] = Slot::Free;
         self.free.push(i);
         Some(taken)
     }
