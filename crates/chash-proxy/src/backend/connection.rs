@@ -245,16 +245,14 @@ impl InFlight {
     /// Its reply (or error) arrived: off the out-queue gauge, and answered
     /// unless it was already.
     fn settle(mut self, c: &ServerCounters, result: Result<Reply, BackendError>) {
-        c.out_queue.fetch_sub(1, Relaxed);
-        c.out_queue_bytes.fetch_sub(self.bytes, Relaxed);
+        self.leave_out_queue(c);
         self.answer(result);
     }
 
     /// Answers it with its server's reply, which `health` hears of if the
     /// reply is written through to its client ([`super::ReplyTx::send_reply`]).
     fn settle_reply(mut self, c: &ServerCounters, reply: Reply, health: &Health) {
-        c.out_queue.fetch_sub(1, Relaxed);
-        c.out_queue_bytes.fetch_sub(self.bytes, Relaxed);
+        self.leave_out_queue(c);
         if let Some(tx) = self.reply.take() {
             tx.send_reply(reply, health);
         }
@@ -264,12 +262,25 @@ impl InFlight {
     /// `buf` (taken from it; written to the client from `buf` if it can
     /// be: [`super::ReplyTx::send_front`]).
     fn settle_front(mut self, c: &ServerCounters, buf: &mut BytesMut, len: usize, health: &Health) {
-        c.out_queue.fetch_sub(1, Relaxed);
-        c.out_queue_bytes.fetch_sub(self.bytes, Relaxed);
+        self.leave_out_queue(c);
         match self.reply.take() {
             Some(tx) => tx.send_front(buf, len, health),
             None => buf.advance(len),
         }
+    }
+
+    /// Off the out-queue gauges.
+    fn leave_out_queue(&self, c: &ServerCounters) {
+        c.out_queue.fetch_sub(1, Relaxed);
+        c.out_queue_bytes.fetch_sub(self.bytes, Relaxed);
+    }
+
+    /// Its reply, of `len` bytes, was read at `now`: the server's latency
+    /// and response counts.
+    fn heard(&self, c: &ServerCounters, latency: &Histogram, now: Instant, len: usize) {
+        latency.observe(now.saturating_duration_since(self.sent));
+        c.responses.fetch_add(1, Relaxed);
+        c.response_bytes.fetch_add(len as u64, Relaxed);
     }
 
     /// Answers it now (if not yet); it stays in line for its reply.
@@ -491,10 +502,7 @@ async fn read_replies(
                 // buffer (written to its client from there if it can be).
                 Measured::Len(len) if front.frames_left == 1 && front.got.is_none() => {
                     if let Some(f) = line.waiting.pop_front() {
-                        let now = *now.get_or_insert_with(Instant::now);
-                        latency.local().observe(now.saturating_duration_since(f.sent));
-                        c.responses.fetch_add(1, Relaxed);
-                        c.response_bytes.fetch_add(len as u64, Relaxed);
+                        f.heard(c, latency.local(), *now.get_or_insert_with(Instant::now), len);
                         f.settle_front(c, &mut buf, len, &health);
                     }
                     continue;
@@ -521,10 +529,7 @@ async fn read_replies(
                             }
                             None => reply,
                         };
-                        let now = *now.get_or_insert_with(Instant::now);
-                        latency.local().observe(now.saturating_duration_since(f.sent));
-                        c.responses.fetch_add(1, Relaxed);
-                        c.response_bytes.fetch_add(reply.len() as u64, Relaxed);
+                        f.heard(c, latency.local(), *now.get_or_insert_with(Instant::now), reply.len());
                         f.settle_reply(c, Reply::Whole(reply), &health);
                     }
                 }

@@ -267,7 +267,12 @@ impl ReplyAccount {
                             health.succeeded();
                         }
                         let waker = waker.take();
-                        inbox.write_through(slot, frame, waker, &self.held)
+                        match inbox.write_through(slot, &frame) {
+                            None => None,
+                            Some(written) => {
+                                inbox.fill(slot, Ok(Reply::Whole(frame.slice(written..))), waker, &self.held)
+                            }
+                        }
                     }
                     result => {
                         let waker = waker.take();
@@ -309,18 +314,15 @@ impl ReplyAccount {
                 Slot::Waiting { waker, offered: true } => {
                     health.succeeded();
                     let waker = waker.take();
-                    // An error (the client gone) is the writer's to meet.
-                    let written = match &inbox.socket {
-                        Some(socket) => socket.try_write(&buf[..len]).unwrap_or(0),
-                        None => 0,
-                    };
-                    if written == len {
-                        buf.advance(len);
-                        inbox.slots[slot as usize] = Slot::Sent(len);
-                        None
-                    } else {
-                        let rest = buf.split_to(len).freeze().slice(written..);
-                        inbox.fill(slot, Ok(Reply::Whole(rest)), waker, &self.held)
+                    match inbox.write_through(slot, &buf[..len]) {
+                        None => {
+                            buf.advance(len);
+                            None
+                        }
+                        Some(written) => {
+                            let rest = buf.split_to(len).freeze().slice(written..);
+                            inbox.fill(slot, Ok(Reply::Whole(rest)), waker, &self.held)
+                        }
                     }
                 }
                 Slot::Waiting { waker, offered: false } => {
@@ -391,27 +393,23 @@ impl Inbox {
     /// Slot `slot`'s reply, offered by the client's writer (everything
     /// before it written, nothing queued behind it): written to the
     /// client's socket now, under the lock, so nothing of the client's can
-    /// be written in between. Written whole, the client's task is not
-    /// woken (its writer takes the slot as sent when next polled); what
-    /// the socket did not take is left for the writer, which is woken.
-    fn write_through(
-        &mut self,
-        slot: u32,
-        frame: Bytes,
-        waker: Option<std::task::Waker>,
-        held: &AtomicUsize,
-    ) -> Option<std::task::Waker> {
+    /// be written in between. Written whole (`None`), the slot says so and
+    /// the client's task is not woken (its writer takes the slot as sent
+    /// when next polled); else how much was written: the caller leaves the
+    /// rest in the slot for the writer, and wakes it.
+    #[inline]
+    fn write_through(&mut self, slot: u32, frame: &[u8]) -> Option<usize> {
         // An error (the client gone) is the writer's to meet: it writes
         // the reply itself.
         let written = match &self.socket {
-            Some(socket) => socket.try_write(&frame).unwrap_or(0),
+            Some(socket) => socket.try_write(frame).unwrap_or(0),
             None => 0,
         };
         if written == frame.len() {
             self.slots[slot as usize] = Slot::Sent(written);
             return None;
         }
-        self.fill(slot, Ok(Reply::Whole(frame.slice(written..))), waker, held)
+        Some(written)
     }
 }
 
