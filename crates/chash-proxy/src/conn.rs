@@ -379,21 +379,41 @@ pub(crate) trait Halves: Send + 'static {
 /// reader to its writer (one task: a lock that is never contended).
 struct Replies {
     queue: parking_lot::Mutex<std::collections::VecDeque<PendingReply>>,
+    /// How many the queue holds: changed under its lock, looked at without
+    /// it (the writer asks at every offer whether anything waits behind
+    /// its reply; the reader and writer run in one task, never at once).
+    queued: AtomicUsize,
     /// The reader has ended: the writer ends once the queue is empty.
     done: AtomicBool,
 }
 
 impl Replies {
+    fn new() -> Replies {
+        Replies {
+            queue: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+            queued: AtomicUsize::new(0),
+            done: AtomicBool::new(false),
+        }
+    }
+
     fn is_empty(&self) -> bool {
-        self.queue.lock().is_empty()
+        self.queued.load(Relaxed) == 0
     }
 
     fn push(&self, reply: PendingReply) {
-        self.queue.lock().push_back(reply);
+        let mut queue = self.queue.lock();
+        queue.push_back(reply);
+        self.queued.store(queue.len(), Relaxed);
     }
 
     fn pop(&self) -> Option<PendingReply> {
-        self.queue.lock().pop_front()
+        if self.is_empty() {
+            return None;
+        }
+        let mut queue = self.queue.lock();
+        let reply = queue.pop_front();
+        self.queued.store(queue.len(), Relaxed);
+        reply
     }
 }
 
@@ -416,8 +436,7 @@ pub(crate) async fn serve<T, S>(
     if let Some(socket) = T::socket(&w) {
         account.attach(socket);
     }
-    let replies =
-        Replies { queue: parking_lot::Mutex::new(std::collections::VecDeque::new()), done: AtomicBool::new(false) };
+    let replies = Replies::new();
     let writer = async {
         if let Err(e) = write_replies(w, &replies, &flow, &account).await {
             tracing::debug!("client connection closed: {e}");
@@ -448,6 +467,16 @@ pub(crate) async fn serve<T, S>(
             Poll::Ready(())
         })
         .await;
+        // A request's reply, queued for the writer: false if it can no
+        // longer be written (the writer has ended).
+        let queue_reply = |reply: PendingReply| {
+            if flow.closed.load(Relaxed) {
+                return false;
+            }
+            flow.taken();
+            replies.push(reply);
+            true
+        };
         let mut input = Input { r, idle: settings.idle, closing: None, stop: probe };
         let mut buf = BytesMut::with_capacity(16 * 1024);
         let close = 'conn: loop {
@@ -461,25 +490,32 @@ pub(crate) async fn serve<T, S>(
                 if !flow.room_now(&account) && !flow.wait_room(&account).await {
                     break 'conn if account.is_overflowed() { Close::Overflow } else { Close::Error };
                 }
+                // The common step (a reply to queue) taken where it is
+                // matched: the reply is moved once, into the queue.
                 let step = match session.next_now(&mut buf) {
+                    Ok(Step::Reply(reply)) => {
+                        if !queue_reply(reply) {
+                            break 'conn Close::Error;
+                        }
+                        continue;
+                    }
                     Ok(step) => step,
                     Err(later) => session.next_later(later, &mut buf).await,
                 };
-                let (reply, close) = match step {
+                match step {
                     Step::More => break,
-                    Step::Taken => (None, None),
-                    Step::Reply(reply) => (Some(reply), None),
-                    Step::Close { reply, error } => (reply, Some(if error { Close::Error } else { Close::Eof })),
-                };
-                if let Some(reply) = reply {
-                    if flow.closed.load(Relaxed) {
-                        break 'conn Close::Error;
+                    Step::Taken => {}
+                    Step::Reply(reply) => {
+                        if !queue_reply(reply) {
+                            break 'conn Close::Error;
+                        }
                     }
-                    flow.taken();
-                    replies.push(reply);
-                }
-                if let Some(close) = close {
-                    break 'conn close;
+                    Step::Close { reply, error } => {
+                        if reply.is_some_and(|reply| !queue_reply(reply)) {
+                            break 'conn Close::Error;
+                        }
+                        break 'conn if error { Close::Error } else { Close::Eof };
+                    }
                 }
             }
         };
@@ -490,15 +526,16 @@ pub(crate) async fn serve<T, S>(
         account.mark_gone();
         close
     };
-    // The reader, then the writer, in one task. Each half is polled only
-    // when something it waits on woke it (a reply arriving does not make
-    // the reader look at its socket again), and the writer right after
-    // every poll of the reader: a reply the reader queued is picked up in
-    // the same poll.
+    // The reader, then the writer, in one task. The reader is polled at
+    // every poll of the task, with the task's own waker (what wakes the
+    // task is mostly its socket: a reply written through by its server
+    // connection wakes nothing). The writer is polled only when something
+    // it waits on woke it, and right after every poll of the reader: a
+    // reply the reader queued is picked up in the same poll.
     let close = {
         tokio::pin!(reader);
         tokio::pin!(writer);
-        let wakes = HalfWakes::new();
+        let writer_wake = HalfWake::new();
         let (mut close, mut written) = (None, false);
         // The task's waker as last recorded: the shared one is locked and
         // replaced only when it changes (a task's waker does not, in
@@ -506,19 +543,19 @@ pub(crate) async fn serve<T, S>(
         let mut recorded: Option<std::task::Waker> = None;
         std::future::poll_fn(|cx| {
             if !recorded.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                wakes.task(cx.waker());
+                writer_wake.task(cx.waker());
                 recorded = Some(cx.waker().clone());
             }
             let mut read = false;
-            if close.is_none() && wakes.reader.flag.woken.swap(false, AcqRel) {
+            if close.is_none() {
                 read = true;
-                if let Poll::Ready(c) = reader.as_mut().poll(&mut Context::from_waker(&wakes.reader.waker)) {
+                if let Poll::Ready(c) = reader.as_mut().poll(cx) {
                     close = Some(c);
                 }
             }
             if !written
-                && (wakes.writer.flag.woken.swap(false, AcqRel) || read)
-                && writer.as_mut().poll(&mut Context::from_waker(&wakes.writer.waker)).is_ready()
+                && (writer_wake.flag.woken.swap(false, AcqRel) || read)
+                && writer.as_mut().poll(&mut Context::from_waker(&writer_wake.waker)).is_ready()
             {
                 written = true;
             }
@@ -534,24 +571,20 @@ pub(crate) async fn serve<T, S>(
     guard.close = Some(close);
 }
 
-/// The wakers of a connection's two halves: each marks its half as woken,
-/// then wakes the connection's task, which polls only the halves marked.
-struct HalfWakes {
-    reader: Half,
-    writer: Half,
-}
-
-struct Half {
+/// The writer's waker: it marks the writer as woken, then wakes the
+/// connection's task, which polls the writer only when it is marked (or
+/// right after its reader).
+struct HalfWake {
     flag: Arc<HalfFlag>,
     waker: std::task::Waker,
 }
 
 struct HalfFlag {
-    /// Woken since its half was last polled (set at first: both halves
-    /// are polled in the task's first poll).
+    /// Woken since the writer was last polled (set at first: it is
+    /// polled in the task's first poll).
     woken: AtomicBool,
     /// The connection's task, as its last poll gave it.
-    task: Arc<parking_lot::Mutex<Option<std::task::Waker>>>,
+    task: parking_lot::Mutex<Option<std::task::Waker>>,
 }
 
 impl std::task::Wake for HalfFlag {
@@ -561,7 +594,7 @@ impl std::task::Wake for HalfFlag {
 
     fn wake_by_ref(self: &Arc<Self>) {
         // Already marked: the task was woken by the mark, and has not
-        // polled this half since.
+        // polled the writer since.
         if !self.woken.swap(true, AcqRel) {
             if let Some(task) = &*self.task.lock() {
                 task.wake_by_ref();
@@ -570,19 +603,15 @@ impl std::task::Wake for HalfFlag {
     }
 }
 
-impl HalfWakes {
-    fn new() -> HalfWakes {
-        let task = Arc::new(parking_lot::Mutex::new(None));
-        let half = || {
-            let flag = Arc::new(HalfFlag { woken: AtomicBool::new(true), task: task.clone() });
-            Half { waker: std::task::Waker::from(flag.clone()), flag }
-        };
-        HalfWakes { reader: half(), writer: half() }
+impl HalfWake {
+    fn new() -> HalfWake {
+        let flag = Arc::new(HalfFlag { woken: AtomicBool::new(true), task: parking_lot::Mutex::new(None) });
+        HalfWake { waker: std::task::Waker::from(flag.clone()), flag }
     }
 
     /// Records the task's waker (it can change between polls).
     fn task(&self, waker: &std::task::Waker) {
-        let mut task = self.reader.flag.task.lock();
+        let mut task = self.flag.task.lock();
         if !task.as_ref().is_some_and(|t| t.will_wake(waker)) {
             *task = Some(waker.clone());
         }

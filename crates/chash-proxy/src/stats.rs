@@ -219,7 +219,10 @@ impl<T> PerWorker<T> {
     /// The calling worker thread's value.
     #[inline]
     pub(crate) fn local(&self) -> &T {
-        &self.slots[crate::workers::current_index() % self.slots.len()].0
+        // A worker's index is below the count its values were made for;
+        // the first's otherwise (no division on every request).
+        let slots = &self.slots;
+        &slots.get(crate::workers::current_index()).unwrap_or(&slots[0]).0
     }
 
     /// Every worker's value.
@@ -273,15 +276,46 @@ pub struct HistogramValues {
     pub max_us: u64,
 }
 
+/// One observation, placed in its bucket: made once, recorded as often
+/// as it happened (the requests of one batch, answered in one read).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Sample {
+    us: u64,
+    bucket: usize,
+}
+
+impl Sample {
+    /// `d`, to be recorded.
+    pub(crate) fn of(d: Duration) -> Sample {
+        let us = d.as_micros().min(u128::from(u64::MAX)) as u64;
+        let bucket = LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BUCKETS_US.len());
+        Sample { us, bucket }
+    }
+}
+
 impl Histogram {
     /// Records one observation.
     pub(crate) fn observe(&self, d: Duration) {
-        let us = d.as_micros().min(u128::from(u64::MAX)) as u64;
-        let i = LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap_or(LATENCY_BUCKETS_US.len());
-        self.buckets[i].fetch_add(1, Relaxed);
-        self.sum_us.fetch_add(us, Relaxed);
-        self.count.fetch_add(1, Relaxed);
-        self.max_us.fetch_max(us, Relaxed);
+        self.record(Sample::of(d));
+    }
+
+    /// Records one observation made beforehand.
+    #[inline]
+    pub(crate) fn record(&self, s: Sample) {
+        self.record_n(s, 1);
+    }
+
+    /// Records `n` observations of one value.
+    #[inline]
+    pub(crate) fn record_n(&self, s: Sample, n: u64) {
+        self.buckets[s.bucket].fetch_add(n, Relaxed);
+        self.sum_us.fetch_add(s.us.wrapping_mul(n), Relaxed);
+        self.count.fetch_add(n, Relaxed);
+        // Looked at first: the largest rarely changes, and a look is
+        // cheaper than an exchange.
+        if self.max_us.load(Relaxed) < s.us {
+            self.max_us.fetch_max(s.us, Relaxed);
+        }
     }
 
     /// The values now.

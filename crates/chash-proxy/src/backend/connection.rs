@@ -32,7 +32,7 @@ use super::health::Health;
 use super::moving::switched;
 use super::open::{open, BoxRead, Opened};
 use super::request::{Address, BackendError, BackendSettings, Job, ReplyTx};
-use crate::stats::{Histogram, PerWorker, ServerCounters};
+use crate::stats::{Histogram, PerWorker, Sample, ServerCounters};
 
 /// Requests a connection slot's queue holds before submitters wait.
 pub(super) const QUEUE: usize = 4096;
@@ -250,9 +250,10 @@ impl InFlight {
     }
 
     /// Answers it with its server's reply, which `health` hears of if the
-    /// reply is written through to its client ([`super::ReplyTx::send_reply`]).
-    fn settle_reply(mut self, c: &ServerCounters, reply: Reply, health: &Health) {
-        self.leave_out_queue(c);
+    /// reply is written through to its client ([`super::ReplyTx::send_reply`]);
+    /// heard and off the out-queue in `tally`.
+    fn settle_reply(mut self, tally: &mut Tally<'_>, reply: Reply, health: &Health) {
+        tally.heard(self.sent, reply_len(&reply), self.bytes);
         if let Some(tx) = self.reply.take() {
             tx.send_reply(reply, health);
         }
@@ -260,9 +261,10 @@ impl InFlight {
 
     /// Answers it with its server's reply, the first `len` bytes of
     /// `buf` (taken from it; written to the client from `buf` if it can
-    /// be: [`super::ReplyTx::send_front`]).
-    fn settle_front(mut self, c: &ServerCounters, buf: &mut BytesMut, len: usize, health: &Health) {
-        self.leave_out_queue(c);
+    /// be: [`super::ReplyTx::send_front`]); heard and off the out-queue in
+    /// `tally`.
+    fn settle_front(mut self, tally: &mut Tally<'_>, buf: &mut BytesMut, len: usize, health: &Health) {
+        tally.heard(self.sent, len, self.bytes);
         match self.reply.take() {
             Some(tx) => tx.send_front(buf, len, health),
             None => buf.advance(len),
@@ -275,18 +277,88 @@ impl InFlight {
         c.out_queue_bytes.fetch_sub(self.bytes, Relaxed);
     }
 
-    /// Its reply, of `len` bytes, was read at `now`: the server's latency
-    /// and response counts.
-    fn heard(&self, c: &ServerCounters, latency: &Histogram, now: Instant, len: usize) {
-        latency.observe(now.saturating_duration_since(self.sent));
-        c.responses.fetch_add(1, Relaxed);
-        c.response_bytes.fetch_add(len as u64, Relaxed);
-    }
-
     /// Answers it now (if not yet); it stays in line for its reply.
     fn answer(&mut self, result: Result<Reply, BackendError>) {
         let Some(tx) = self.reply.take() else { return };
         tx.send(result);
+    }
+}
+
+/// The length of a whole reply (0 for a stream's).
+fn reply_len(reply: &Reply) -> usize {
+    match reply {
+        Reply::Whole(b) => b.len(),
+        Reply::Stream(_) => 0,
+    }
+}
+
+/// What one read's replies did to a server's counters and latency
+/// histogram, counted once when they have all been taken ([`Tally::count`]):
+/// those are shared with the stats, and an atomic add per reply for each
+/// cost more than the rest of the reply's counting. Replies read together
+/// mostly answer requests written together (one batch, one `sent`), so
+/// the clock is read and the latency placed once for them.
+struct Tally<'a> {
+    c: &'a ServerCounters,
+    latency: &'a Histogram,
+    /// When the replies were read (read once, when first needed).
+    now: Option<Instant>,
+    /// The latency of the requests last heard that were written at one
+    /// time, and how many of them are not yet recorded.
+    last: Option<(Instant, Sample, u64)>,
+    responses: u64,
+    response_bytes: u64,
+    /// Requests off the out-queue, and their bytes.
+    left: u64,
+    left_bytes: u64,
+}
+
+impl<'a> Tally<'a> {
+    fn new(c: &'a ServerCounters, latency: &'a Histogram) -> Tally<'a> {
+        Tally { c, latency, now: None, last: None, responses: 0, response_bytes: 0, left: 0, left_bytes: 0 }
+    }
+
+    /// A reply of `len` bytes was read for a request of `bytes` written
+    /// at `sent`.
+    #[inline]
+    fn heard(&mut self, sent: Instant, len: usize, bytes: u64) {
+        self.responses += 1;
+        self.response_bytes += len as u64;
+        self.left += 1;
+        self.left_bytes += bytes;
+        match &mut self.last {
+            Some((at, _, n)) if *at == sent => *n += 1,
+            _ => {
+                self.record_latency();
+                let now = *self.now.get_or_insert_with(Instant::now);
+                self.last = Some((sent, Sample::of(now.saturating_duration_since(sent)), 1));
+            }
+        }
+    }
+
+    fn record_latency(&mut self) {
+        if let Some((_, sample, n)) = self.last.take() {
+            self.latency.record_n(sample, n);
+        }
+    }
+
+    /// Counts what was heard since last counted; replies read after this
+    /// are timed anew (what came in between took time: a stream).
+    fn count(&mut self) {
+        self.record_latency();
+        self.now = None;
+        if self.responses > 0 {
+            self.c.responses.fetch_add(self.responses, Relaxed);
+            self.c.response_bytes.fetch_add(self.response_bytes, Relaxed);
+            self.responses = 0;
+            self.response_bytes = 0;
+        }
+        if self.left > 0 {
+            self.c.out_queue.fetch_sub(self.left, Relaxed);
+            self.c.out_queue_bytes.fetch_sub(self.left_bytes, Relaxed);
+            self.left = 0;
+            self.left_bytes = 0;
+        }
     }
 }
 
@@ -485,9 +557,9 @@ async fn read_replies(
     let mut buf = BytesMut::with_capacity(16 * 1024);
     let mut line = Line { waiting: VecDeque::new(), inflight };
     let c = counters.local();
+    let mut tally = Tally::new(c, latency.local());
     loop {
         // Read once per pass: every reply of one read arrived together.
-        let mut now: Option<Instant> = None;
         loop {
             // Only the front is needed: what the writer sent since is
             // taken in when the line runs out (its queue swapped in whole,
@@ -502,8 +574,7 @@ async fn read_replies(
                 // buffer (written to its client from there if it can be).
                 Measured::Len(len) if front.frames_left == 1 && front.got.is_none() => {
                     if let Some(f) = line.waiting.pop_front() {
-                        f.heard(c, latency.local(), *now.get_or_insert_with(Instant::now), len);
-                        f.settle_front(c, &mut buf, len, &health);
+                        f.settle_front(&mut tally, &mut buf, len, &health);
                     }
                     continue;
                 }
@@ -529,8 +600,7 @@ async fn read_replies(
                             }
                             None => reply,
                         };
-                        f.heard(c, latency.local(), *now.get_or_insert_with(Instant::now), reply.len());
-                        f.settle_reply(c, Reply::Whole(reply), &health);
+                        f.settle_reply(&mut tally, Reply::Whole(reply), &health);
                     }
                 }
                 Frame::Incomplete => {
@@ -549,6 +619,7 @@ async fn read_replies(
                     // or (too large to hold whole) read past.
                     let Some(scanner) = framing.scanner() else { break };
                     let Some(f) = line.waiting.pop_front() else { break };
+                    tally.count();
                     latency.local().observe(f.sent.elapsed());
                     c.responses.fetch_add(1, Relaxed);
                     let tx = if streamed {
@@ -571,9 +642,6 @@ async fn read_replies(
                         let Some(scanner) = framing.scanner() else { break };
                         outcome = stream_reply(&mut r, &mut buf, scanner, None, timeout, c, &mut line).await;
                     }
-                    // The stream took time: replies read after it are timed
-                    // from when they are parsed.
-                    now = None;
                     match outcome {
                         Ok(()) => {
                             // Requests queued behind it waited for the stream,
@@ -598,11 +666,13 @@ async fn read_replies(
                     }
                 }
                 Frame::Invalid(e) => {
+                    tally.count();
                     line.fail_all(c, &BackendError::Protocol(e.clone()));
                     return Some(Ended::Error(format!("bad reply: {e}")));
                 }
             }
         }
+        tally.count();
         let deadline = line.waiting.front().and_then(|f| f.deadline);
         tokio::select! {
             biased;
@@ -723,5 +793,57 @@ pub(crate) async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A read's replies are counted once, when counted, exactly as one
+    /// count each would: responses and their bytes, the out-queue, and
+    /// each request's latency in its bucket (requests written together
+    /// share one, those written apart get their own).
+    #[tokio::test(start_paused = true)]
+    async fn a_tally_counts_what_each_reply_would_have() {
+        let c = ServerCounters::default();
+        let latency = Histogram::default();
+        c.out_queue.store(5, Relaxed);
+        c.out_queue_bytes.store(500, Relaxed);
+        let early = Instant::now();
+        tokio::time::advance(Duration::from_millis(3)).await;
+        let late = Instant::now();
+        tokio::time::advance(Duration::from_micros(200)).await;
+        let mut tally = Tally::new(&c, &latency);
+        tally.heard(early, 10, 100);
+        tally.heard(early, 20, 100);
+        tally.heard(late, 30, 100);
+        tally.heard(early, 40, 100);
+        // The counters show nothing before the count (latencies show as
+        // each run of one batch's replies ends).
+        assert_eq!(c.responses.load(Relaxed), 0);
+        assert_eq!(c.out_queue.load(Relaxed), 5);
+        tally.count();
+        assert_eq!(c.responses.load(Relaxed), 4);
+        assert_eq!(c.response_bytes.load(Relaxed), 100);
+        assert_eq!(c.out_queue.load(Relaxed), 1);
+        assert_eq!(c.out_queue_bytes.load(Relaxed), 100);
+        let v = latency.values();
+        assert_eq!(v.count, 4);
+        assert_eq!(v.sum_us, 3 * 3200 + 200);
+        assert_eq!(v.max_us, 3200);
+        let bucket = |us: u64| crate::stats::LATENCY_BUCKETS_US.iter().position(|&b| us <= b).unwrap();
+        assert_eq!(v.buckets[bucket(3200)], 3);
+        assert_eq!(v.buckets[bucket(200)], 1);
+        // Counted again with nothing new: nothing changes; what comes
+        // after is timed anew.
+        tally.count();
+        assert_eq!(c.responses.load(Relaxed), 4);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        tally.heard(late, 1, 100);
+        tally.count();
+        let v = latency.values();
+        assert_eq!((v.count, v.sum_us), (5, 3 * 3200 + 200 + 1200));
+        assert_eq!(c.out_queue.load(Relaxed), 0);
     }
 }

@@ -320,8 +320,16 @@ impl Server {
     /// The connection queue of `requester`'s requests on this worker.
     fn queue_of(&self, requester: &Requester) -> &queue::JobSender {
         let by_worker = &self.queues[requester.dialect.min(self.queues.len() - 1)];
-        let queues = &by_worker[crate::workers::current_index() % by_worker.len()];
-        &queues[requester.affinity % queues.len()]
+        // Without a division where there is nothing to choose (one
+        // worker's queues, one connection): this runs for every request.
+        let queues = match by_worker.len() {
+            1 => &by_worker[0],
+            n => &by_worker[crate::workers::current_index() % n],
+        };
+        match queues.len() {
+            1 => &queues[0],
+            n => &queues[requester.affinity % n],
+        }
     }
 
     /// A request's job and the reply it will get, counted as submitted.

@@ -223,7 +223,7 @@ impl ReplyAccount {
             let mut inbox = self.lock();
             match inbox.free.pop() {
                 Some(i) => {
-                    inbox.slots[i as usize] = Slot::WAITING;
+                    inbox.slots[i as usize].set(Slot::WAITING);
                     i
                 }
                 None => {
@@ -406,7 +406,7 @@ impl Inbox {
             None => 0,
         };
         if written == frame.len() {
-            self.slots[slot as usize] = Slot::Sent(written);
+            self.slots[slot as usize].set(Slot::Sent(written));
             return None;
         }
         Some(written)
@@ -445,6 +445,18 @@ enum Slot {
 impl Slot {
     /// A slot just reserved.
     const WAITING: Slot = Slot::Waiting { waker: None, offered: false };
+
+    /// Becomes `to`. What it was is dropped only when it holds something
+    /// to drop (a waker, a reply): the common changes (free to waiting,
+    /// waiting to sent, sent to free) make no call to drop it.
+    #[inline]
+    fn set(&mut self, to: Slot) {
+        let was = std::mem::replace(self, to);
+        match was {
+            Slot::Free | Slot::Sent(_) | Slot::Abandoned | Slot::Waiting { waker: None, .. } => std::mem::forget(was),
+            was => drop(was),
+        }
+    }
 }
 
 /// Bytes a reply accounts for while it waits for its client (a stream's
@@ -552,7 +564,7 @@ impl Pending {
             }
             Slot::Sent(n) => {
                 let n = *n;
-                inbox.slots[i as usize] = Slot::Free;
+                inbox.slots[i as usize].set(Slot::Free);
                 inbox.free.push(i);
                 drop(inbox);
                 self.account = None;

@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 use super::command::{keys_of, route, Gather, Route};
 use super::errors::{arity, backend_error, err, forward_error};
 use super::resp::{
-    array_items, array_start, error, integer, item_end, len_line_size, parse_request, put_len, Command, Request,
+    array_items, array_start, error, integer, item_end, len_line_size, parse_request_into, put_len, Command, Parsed,
     RespLimits, Skip, STREAMED, WHOLE,
 };
 use crate::backend::{BackendError, Job, Pending, Pinned, Reply, Requester, Server, Submitted};
@@ -51,6 +51,10 @@ pub(crate) struct RedisSession {
     /// each [`Gathering`] and reclaimed once its reply has been written to
     /// the client (`None` until the first).
     merge_buf: Option<BytesMut>,
+    /// Where each request is parsed ([`parse_request_into`]): the common
+    /// command is forwarded from here, not moved; any other is taken out
+    /// for the general path.
+    parsed: Command,
 }
 
 /// The largest split command (its parts framed) whose parts are framed in
@@ -146,17 +150,21 @@ impl RedisSession {
             reads,
             split_buf: BytesMut::new(),
             merge_buf: None,
+            parsed: Command::default(),
         }
     }
 }
 
 /// What [`RedisSession::next_now`] leaves to [`RedisSession::next_later`].
+/// Small (the command itself stays in the session until taken), so that
+/// the step is not copied on its way.
 pub(crate) enum Later {
     /// A request that is not a command to forward at once (an error, an
     /// HTTP word, an argument over the limit).
-    Request(Request),
-    /// A command (counted) for the general path.
-    Command(Command),
+    Request(Parsed),
+    /// A command (counted) for the general path: the session's parsed
+    /// one.
+    Command,
     /// A command whose server's queue was full.
     Full(Box<Full>),
 }
@@ -172,35 +180,40 @@ impl Session for RedisSession {
                 Err(msg) => return Ok(Step::Close { reply: Some(err(&self.pool, format!("ERR {msg}"))), error: true }),
             }
         }
-        let cmd = match parse_request(buf, self.limits) {
-            Request::Incomplete => return Ok(Step::More),
-            Request::Command(cmd) if !crate::redis::resp::is_http_word(&cmd.args[0]) => cmd,
+        match parse_request_into(buf, self.limits, &mut self.parsed) {
+            Parsed::Command if !crate::redis::resp::is_http_word(&self.parsed.args[0]) => {}
+            Parsed::Incomplete => return Ok(Step::More),
             other => return Err(Later::Request(other)),
-        };
+        }
         self.pool.counters().requests.fetch_add(1, Relaxed);
         if self.sub.is_none() && self.plain() {
-            if let Some(position) = super::command::common_key(&cmd.args) {
+            if let Some(position) = super::command::common_key(&self.parsed.args) {
                 // `GET` or `SET` of a plain session: to the key's server,
                 // with no future made (the commonest path).
-                return match self.forward_now(&cmd.args[position], &cmd) {
+                let cmd = &self.parsed;
+                let forward = self.forward_now(&cmd.args[position], cmd);
+                // The frame let go now: the client's read buffer is not
+                // held shared until the next request.
+                self.parsed.args.clear();
+                return match forward {
                     Forward::Sent(reply) => Ok(Step::Reply(reply)),
                     Forward::Full(full) => Err(Later::Full(full)),
                 };
             }
         }
-        Err(Later::Command(cmd))
+        Err(Later::Command)
     }
 
     async fn next_later(&mut self, later: Later, _buf: &mut BytesMut) -> Step {
         let cmd = match later {
             Later::Full(full) => return Step::Reply(self.forward_waiting(full).await),
-            Later::Command(cmd) => cmd,
-            Later::Request(Request::Incomplete) => return Step::More,
-            Later::Request(Request::Error(msg)) => {
+            Later::Command => std::mem::take(&mut self.parsed),
+            Later::Request(Parsed::Incomplete) => return Step::More,
+            Later::Request(Parsed::Error(msg)) => {
                 return Step::Close { reply: Some(err(&self.pool, format!("ERR {msg}"))), error: true }
             }
-            Later::Request(Request::Http | Request::Command(_)) => return self.http_refused(),
-            Later::Request(Request::TooLarge { len, skip }) => {
+            Later::Request(Parsed::Http | Parsed::Command) => return self.http_refused(),
+            Later::Request(Parsed::TooLarge { len, skip }) => {
                 self.skip = Some(skip);
                 self.pool.counters().requests.fetch_add(1, Relaxed);
                 return Step::Reply(err(
