@@ -29,7 +29,9 @@ fuzz_target!(|data: &[u8]| {
                     continuing = cont;
                     break;
                 }
-                Parsed::Refused { .. } | Parsed::RefusedLine { .. } => assert!(buf.len() <= before),
+                Parsed::Refused { .. } | Parsed::RefusedLine { .. } | Parsed::TooLarge { .. } => {
+                    assert!(buf.len() <= before)
+                }
                 Parsed::Partial(Request::Retrieval { cmd, exptime, .. }) => {
                     assert!(buf.len() < before);
                     continuing = Some((cmd, exptime));

@@ -3,33 +3,35 @@
 //! bytes in two pieces, ends each reply where the whole-frame parser does.
 #![no_main]
 use bytes::BytesMut;
-use chash_proxy::redis::resp::{array_items, parse_reply, parse_request, FrameScanner, Request, RespLimits};
+use chash_proxy::redis::resp::{array_items, encode_array, parse_reply, parse_request, parse_request_into, Command, FrameScanner, Parsed, RespLimits};
 use chash_proxy::Frame;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let limits = RespLimits { max_args: 1024, max_bulk: 1 << 16 };
     let mut buf = BytesMut::from(data);
+    // Parsed into one command again and again, as a session does.
+    let mut cmd = Command::default();
     for _ in 0..10_000 {
         let before = buf.len();
-        match parse_request(&mut buf, limits) {
-            Request::Command(cmd) => {
+        match parse_request_into(&mut buf, limits, &mut cmd) {
+            Parsed::Command => {
                 assert!(buf.len() < before);
                 let mut again = BytesMut::new();
-                cmd.encode(&mut again);
+                encode_array(&mut again, cmd.args.iter());
                 match parse_request(&mut again, limits) {
-                    Request::Command(back) => assert_eq!(back.args, cmd.args),
-                    other => panic!("re-encoded command did not parse: {other:?}"),
+                    (Parsed::Command, back) => assert_eq!(back.args, cmd.args),
+                    (other, _) => panic!("re-encoded command did not parse: {other:?}"),
                 }
             }
-            Request::TooLarge { mut skip, .. } => {
+            Parsed::TooLarge { mut skip, .. } => {
                 // Read past the rest of the refused command, then go on.
                 match skip.advance(&mut buf) {
                     Ok(true) => {}
                     Ok(false) | Err(_) => break,
                 }
             }
-            Request::Incomplete | Request::Error(_) => break,
+            Parsed::Incomplete | Parsed::Http | Parsed::Error(_) => break,
         }
     }
     let mut buf = BytesMut::from(data);
