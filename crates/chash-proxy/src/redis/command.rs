@@ -122,10 +122,14 @@ pub(crate) fn route(name: &str, args: &Args) -> Route {
 /// table says the same of them, as the tests check).
 #[inline]
 pub(crate) fn common_key(args: &Args) -> Option<usize> {
-    let name = args.first()?;
+    let &[a, b, c] = args.first()? else { return None };
+    // Setting bit 5 lower-cases a letter, and only `G` and `g` become
+    // `g` so (likewise `e`, `s`, `t`): the names in any case, and no
+    // other bytes.
+    let name = [a | 0x20, b | 0x20, c | 0x20];
     match args.len() {
-        2 if name.eq_ignore_ascii_case(b"GET") => Some(1),
-        3.. if name.eq_ignore_ascii_case(b"SET") => Some(1),
+        2 if name == *b"get" => Some(1),
+        3.. if name == *b"set" => Some(1),
         _ => None,
     }
 }
@@ -347,6 +351,19 @@ mod tests {
             assert_eq!(route(&name, &args), route_by_table(&name, &args), "{s}");
             if let Some(key) = common_key(&args) {
                 assert_eq!(Route::Key(key), route_by_table(&name, &args), "{s}");
+            }
+        }
+        // Every byte in each place of the name: only the letter itself,
+        // in either case, makes GET or SET.
+        for word in [*b"GET", *b"SET"] {
+            for at in 0..3 {
+                for byte in 0..=255u8 {
+                    let mut name = word;
+                    name[at] = byte;
+                    let args = Args::from(&[&name[..], b"k", b"v"][..2 + usize::from(word == *b"SET")]);
+                    let same = byte.eq_ignore_ascii_case(&word[at]);
+                    assert_eq!(common_key(&args).is_some(), same, "{name:?}");
+                }
             }
         }
     }

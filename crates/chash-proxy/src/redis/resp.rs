@@ -750,6 +750,14 @@ pub fn parse_reply(buf: &mut BytesMut) -> Frame {
 /// Where the reply frame at the front of `buf` ends, as [`parse_reply`]
 /// finds it, nothing taken.
 pub fn measure_reply(buf: &[u8]) -> Measured {
+    // The commonest replies first, in one pass: a bulk string (a GET's
+    // value, or its null) and `+OK` (a SET's).
+    if let Some(end) = bulk_end(buf, 0) {
+        return end.map_or(Measured::Incomplete, Measured::Len);
+    }
+    if buf.starts_with(b"+OK\r\n") {
+        return Measured::Len(5);
+    }
     match frame_end(buf, 0, 0) {
         Ok(Some(end)) => Measured::Len(end),
         Ok(None) => Measured::Incomplete,
@@ -1073,6 +1081,16 @@ mod tests {
             b"",
             b"?bad\r\n",
             b"$x\r\n",
+            // Around the one-pass cases (a bulk string, +OK).
+            b"+OK",
+            b"+OK\r",
+            b"+OKAY\r\n",
+            b"+OK\r\n+OK\r\n",
+            b"$0\r\n\r\n",
+            b"$-1\r",
+            b"$2\r\nab",
+            b"$2\r\nabc\r\n",
+            b"$01\r\na\r\n",
         ] {
             let mut buf = BytesMut::from(frame);
             let measured = measure_reply(frame);
