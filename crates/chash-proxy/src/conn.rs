@@ -275,6 +275,9 @@ struct Flow {
     closed: AtomicBool,
     /// A moving average of the reply size.
     avg: AtomicUsize,
+    /// The window the average makes ([`Flow::window_for`]), made again
+    /// only when the average changes (a division, not one per request).
+    window: AtomicUsize,
     budget: usize,
     room: Notify,
     /// The reader waits for room (or is about to): only then does a reply
@@ -289,14 +292,21 @@ impl Flow {
             outstanding: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             avg: AtomicUsize::new(budget / FIRST_WINDOW),
+            window: AtomicUsize::new(Flow::window_for(budget, budget / FIRST_WINDOW)),
             budget,
             room: Notify::new(),
             waiting: AtomicBool::new(false),
         }
     }
 
+    /// The requests a connection may have outstanding whose replies
+    /// average `avg` bytes.
+    fn window_for(budget: usize, avg: usize) -> usize {
+        (budget / avg.max(1)).clamp(MIN_WINDOW, MAX_PIPELINE)
+    }
+
     fn window(&self) -> usize {
-        (self.budget / self.avg.load(Relaxed).max(1)).clamp(MIN_WINDOW, MAX_PIPELINE)
+        self.window.load(Relaxed)
     }
 
     fn has_room(&self, account: &ReplyAccount) -> bool {
@@ -347,7 +357,10 @@ impl Flow {
             let avg = self.avg.load(Relaxed);
             // avg += (b - avg) / 8
             let next = if b >= avg { avg + (b - avg) / 8 } else { avg - (avg - b) / 8 };
-            self.avg.store(next, Relaxed);
+            if next != avg {
+                self.avg.store(next, Relaxed);
+                self.window.store(Flow::window_for(self.budget, next), Relaxed);
+            }
         }
         self.outstanding.store(self.outstanding.load(Relaxed).saturating_sub(1), Relaxed);
         if self.waiting.load(Relaxed) {

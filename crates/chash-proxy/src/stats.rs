@@ -216,6 +216,11 @@ impl<T: Default> PerWorker<T> {
 }
 
 impl<T> PerWorker<T> {
+    /// `workers` values made by `make`.
+    pub(crate) fn with(workers: usize, mut make: impl FnMut() -> T) -> PerWorker<T> {
+        PerWorker { slots: (0..workers.max(1)).map(|_| Padded(make())).collect() }
+    }
+
     /// The calling worker thread's value.
     #[inline]
     pub(crate) fn local(&self) -> &T {

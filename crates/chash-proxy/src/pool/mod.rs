@@ -68,6 +68,12 @@ pub struct Pool {
     config: Mutex<PoolConfig>,
     addresses: HashMap<String, Address>,
     state: ArcSwap<PoolState>,
+    /// The state again, a copy for each worker thread, for the requests'
+    /// fast path ([`Pool::acquire`]): a worker locks its own copy, which
+    /// no other thread touches but to replace it (cheaper than arc-swap's
+    /// load). A change replaces every copy when it swaps the state in, so
+    /// no worker keeps an old state (and its servers) past it.
+    local: PerWorker<parking_lot::Mutex<Arc<PoolState>>>,
     on_failure: FailureHook,
     workers: Arc<Workers>,
     counters: Arc<PerWorker<PoolCounters>>,
@@ -173,13 +179,15 @@ impl Pool {
             failover: false,
             migration: None,
         };
+        let placeholder = Arc::new(placeholder);
         let pool = Arc::new(Pool {
             name: config.name.clone(),
             spec: config.clone(),
             backend,
             config: Mutex::new(config.clone()),
             addresses,
-            state: ArcSwap::from_pointee(placeholder),
+            local: PerWorker::with(workers.count(), || parking_lot::Mutex::new(placeholder.clone())),
+            state: ArcSwap::new(placeholder),
             on_failure,
             counters: Arc::new(PerWorker::new(workers.count())),
             writes: KeyWrites::default(),
@@ -276,6 +284,9 @@ impl Pool {
     fn store(&self, state: Arc<PoolState>) {
         self.warming.store(!state.previous.is_empty(), Relaxed);
         self.migrating.store(state.migration.is_some(), Relaxed);
+        for local in self.local.all() {
+            *local.lock() = state.clone();
+        }
         self.state.store(state);
     }
 
@@ -378,7 +389,7 @@ impl Pool {
     /// returned guard drops when the pool bounds loads (`distribution:
     /// bounded`); other placements take no load.
     pub fn acquire(self: &Arc<Self>, key: &[u8]) -> Option<(Arc<Server>, Option<LoadRelease>)> {
-        let state = self.state.load();
+        let state = self.local.local().lock();
         let Some((bounded, snapshot, to_member)) = state.bounded() else {
             if self.replicas() > 1 && self.spec.read_random {
                 let replicas = state.candidates(key, self.replicas());

@@ -195,3 +195,31 @@ async fn warm_up_copies_never_overtake_writes() {
     drop(copy);
     writes.end_write(stripe, Duration::from_millis(50)).await;
 }
+
+/// Requests are routed by each worker's copy of the state, which every
+/// change replaces: `acquire` agrees with the state after each change,
+/// and a removed server is let go at once (no copy keeps it).
+#[tokio::test(start_paused = true)]
+async fn requests_route_by_the_state_each_change_leaves() {
+    let p = pool("  distribution: ketama\n", 3);
+    let ks = keys(500);
+    let agree = |p: &Arc<Pool>, when: &str| {
+        for k in &ks {
+            let (server, _) = p.acquire(k.as_bytes()).unwrap();
+            assert_eq!(server.id(), owner(p, k), "{when}: {k}");
+        }
+    };
+    agree(&p, "at start");
+    p.add_server("s4:1".parse().unwrap()).unwrap();
+    agree(&p, "s4 added");
+    let s4 = p.state().members.iter().find(|m| m.server.id() == "s4").map(|m| Arc::downgrade(&m.server)).unwrap();
+    assert!(ks.iter().any(|k| p.acquire(k.as_bytes()).unwrap().0.id() == "s4"));
+    p.remove_server("s4").unwrap();
+    agree(&p, "s4 removed");
+    assert!(s4.upgrade().is_none(), "the removed server is still held");
+    p.eject("s2").unwrap();
+    agree(&p, "s2 ejected");
+    assert!(ks.iter().all(|k| p.acquire(k.as_bytes()).unwrap().0.id() != "s2"));
+    p.restore("s2").unwrap();
+    agree(&p, "s2 restored");
+}
