@@ -512,6 +512,7 @@ pub(crate) async fn serve<T, S>(
                         }
                         continue;
                     }
+                    Ok(Step::More) => break,
                     Ok(step) => step,
                     Err(later) => session.next_later(later, &mut buf).await,
                 };
