@@ -230,7 +230,7 @@ struct InFlight {
     /// Replies still to come for it (more than one for a transaction), and
     /// those that came.
     frames_left: usize,
-    got: Option<BytesMut>,
+    got: Option<Box<BytesMut>>,
     /// `None` once answered early (timed out behind a stream): its reply is
     /// still read, and dropped.
     reply: Option<ReplyTx>,
@@ -320,7 +320,7 @@ impl<'a> Tally<'a> {
 
     /// A reply of `len` bytes was read for a request of `bytes` written
     /// at `sent`.
-    #[inline]
+    #[inline(always)]
     fn heard(&mut self, sent: Instant, len: usize, bytes: u64) {
         self.responses += 1;
         self.response_bytes += len as u64;
@@ -588,7 +588,7 @@ async fn read_replies(
                     // One of several replies to one request: kept until the last.
                     if let Some(f) = line.waiting.front_mut() {
                         f.frames_left -= 1;
-                        f.got.get_or_insert_with(BytesMut::new).extend_from_slice(&reply);
+                        f.got.get_or_insert_with(Box::default).extend_from_slice(&reply);
                     }
                 }
                 Frame::Done(reply) => {
@@ -596,7 +596,7 @@ async fn read_replies(
                         let reply = match f.got.take() {
                             Some(mut got) => {
                                 got.extend_from_slice(&reply);
-                                got.freeze()
+                                got.split().freeze()
                             }
                             None => reply,
                         };
