@@ -546,7 +546,7 @@ impl Pending {
         offer: bool,
     ) -> Poll<Result<Delivered, BackendError>> {
         let Some(account) = &self.account else {
-            return Poll::Ready(Err(BackendError::Closed("reply already taken".into())));
+            return Poll::Ready(Err(taken_twice()));
         };
         let i = self.slot;
         let mut inbox = account.lock();
@@ -572,16 +572,32 @@ impl Pending {
             }
             _ => {}
         }
-        match inbox.release(i) {
+        drop(inbox);
+        Poll::Ready(self.take_done())
+    }
+
+    /// The reply that has come into its slot (not written through): taken
+    /// out, and off the account. Out of [`Pending::poll_offering`]'s way:
+    /// the common cases there need none of this.
+    #[cold]
+    #[inline(never)]
+    fn take_done(&mut self) -> Result<Delivered, BackendError> {
+        let Some(account) = self.account.take() else { return Err(taken_twice()) };
+        let taken = account.lock().release(self.slot);
+        match taken {
             Some((result, counted)) => {
-                drop(inbox);
                 account.held.fetch_sub(counted, Relaxed);
-                self.account = None;
-                Poll::Ready(result)
+                result
             }
-            None => Poll::Ready(Err(BackendError::Closed("reply slot lost".into()))),
+            None => Err(BackendError::Closed("reply slot lost".into())),
         }
     }
+}
+
+/// A reply asked for again after it was taken.
+#[cold]
+fn taken_twice() -> BackendError {
+    BackendError::Closed("reply already taken".into())
 }
 
 impl Drop for Pending {
