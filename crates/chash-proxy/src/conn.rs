@@ -503,6 +503,11 @@ pub(crate) async fn serve<T, S>(
                 if !flow.room_now(&account) && !flow.wait_room(&account).await {
                     break 'conn if account.is_overflowed() { Close::Overflow } else { Close::Error };
                 }
+                // Every request of the read taken: more bytes are needed
+                // (what a session says of an empty buffer), without asking.
+                if buf.is_empty() {
+                    break;
+                }
                 // The common step (a reply to queue) taken where it is
                 // matched: the reply is moved once, into the queue.
                 let step = match session.next_now(&mut buf) {

@@ -184,6 +184,7 @@ impl Args {
 impl std::ops::Index<usize> for Args {
     type Output = [u8];
 
+    #[inline]
     fn index(&self, i: usize) -> &[u8] {
         self.at(self.spans[i])
     }

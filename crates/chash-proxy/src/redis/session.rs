@@ -181,13 +181,19 @@ impl Session for RedisSession {
             }
         }
         match parse_request_into(buf, self.limits, &mut self.parsed) {
-            Parsed::Command if !crate::redis::resp::is_http_word(&self.parsed.args[0]) => {}
+            Parsed::Command => {}
             Parsed::Incomplete => return Ok(Step::More),
             other => return Err(Later::Request(other)),
         }
+        // `GET` or `SET` (never an HTTP word: that is looked for in the
+        // others only).
+        let common = super::command::common_key(&self.parsed.args);
+        if common.is_none() && crate::redis::resp::is_http_word(&self.parsed.args[0]) {
+            return Err(Later::Request(Parsed::Command));
+        }
         self.pool.counters().requests.fetch_add(1, Relaxed);
         if self.sub.is_none() && self.plain() {
-            if let Some(position) = super::command::common_key(&self.parsed.args) {
+            if let Some(position) = common {
                 // `GET` or `SET` of a plain session: to the key's server,
                 // with no future made (the commonest path).
                 let cmd = &self.parsed;
