@@ -164,7 +164,9 @@ pub(crate) trait Session: Send {
     /// Takes the next request from the front of `buf` and sends it on its
     /// way when that needs no waiting (the common requests): the step;
     /// else what is left to do, for [`Session::next_later`]. No future is
-    /// made for the common requests.
+    /// made for the common requests. Never called with `buf` empty: the
+    /// connection reads more bytes then (a session says `Step::More` of an
+    /// empty buffer, whatever it was in the middle of).
     fn next_now(&mut self, buf: &mut BytesMut) -> Result<Step, Self::Later>;
 
     /// Finishes what [`Session::next_now`] left (waiting only when a

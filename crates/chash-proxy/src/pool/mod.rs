@@ -70,9 +70,10 @@ pub struct Pool {
     state: ArcSwap<PoolState>,
     /// The state again, a copy for each worker thread, for the requests'
     /// fast path ([`Pool::acquire`]): a worker locks its own copy, which
-    /// no other thread touches but to replace it (cheaper than arc-swap's
-    /// load). A change replaces every copy when it swaps the state in, so
-    /// no worker keeps an old state (and its servers) past it.
+    /// no other worker touches (cheaper than arc-swap's load; threads that
+    /// are not workers share the first's copy). A change replaces every
+    /// copy when it swaps the state in ([`Pool::store`]), so no worker
+    /// keeps an old state (and its servers) past it.
     local: PerWorker<parking_lot::Mutex<Arc<PoolState>>>,
     on_failure: FailureHook,
     workers: Arc<Workers>,
@@ -280,7 +281,10 @@ impl Pool {
         &self.counters
     }
 
-    /// Swaps a new state in.
+    /// Swaps a new state in: every worker's copy, then the shared one.
+    /// Called under the config lock only (every change holds it), so two
+    /// states are never swapped in at once (which could leave copies
+    /// apart).
     fn store(&self, state: Arc<PoolState>) {
         self.warming.store(!state.previous.is_empty(), Relaxed);
         self.migrating.store(state.migration.is_some(), Relaxed);

@@ -21,6 +21,11 @@ fn keys(n: usize) -> Vec<String> {
 /// A pool `alpha` of servers `s1`..`sN` (weight 1) with `extra` config
 /// lines; servers up to `s9` can be added.
 fn pool(extra: &str, n: usize) -> Arc<Pool> {
+    pool_on(extra, n, Workers::current())
+}
+
+/// [`pool`], its connections on `workers`.
+fn pool_on(extra: &str, n: usize, workers: Arc<Workers>) -> Arc<Pool> {
     let mut yml = format!("alpha:\n{extra}  servers:\n");
     for i in 1..=n {
         yml.push_str(&format!("   - s{i}:1\n"));
@@ -28,7 +33,7 @@ fn pool(extra: &str, n: usize) -> Arc<Pool> {
     let addresses = (1..=9).map(|i| (format!("s{i}"), Address::Memory(format!("pool-unit-s{i}")))).collect();
     let config = chash::config::Config::from_yaml(&yml).unwrap().pool(None).unwrap();
     let speech = Speech { protocol: "test", dialects: vec![None], probe: None, before_return: None, locator: None };
-    Pool::start(config, addresses, Workers::current(), speech).unwrap()
+    Pool::start(config, addresses, workers, speech).unwrap()
 }
 
 fn owner(pool: &Pool, key: &str) -> String {
@@ -201,9 +206,16 @@ async fn warm_up_copies_never_overtake_writes() {
 /// and a removed server is let go at once (no copy keeps it).
 #[tokio::test(start_paused = true)]
 async fn requests_route_by_the_state_each_change_leaves() {
-    let p = pool("  distribution: ketama\n", 3);
+    let workers = Workers::start(3).unwrap();
+    let p = pool_on("  distribution: ketama\n", 3, workers.clone());
     let ks = keys(500);
     let agree = |p: &Arc<Pool>, when: &str| {
+        // Every worker's copy is the state itself.
+        let state = p.state.load_full();
+        assert_eq!(p.local.all().count(), 3);
+        for copy in p.local.all() {
+            assert!(Arc::ptr_eq(&copy.lock(), &state), "{when}: a worker's copy is not the state");
+        }
         for k in &ks {
             let (server, _) = p.acquire(k.as_bytes()).unwrap();
             assert_eq!(server.id(), owner(p, k), "{when}: {k}");
@@ -222,4 +234,5 @@ async fn requests_route_by_the_state_each_change_leaves() {
     assert!(ks.iter().all(|k| p.acquire(k.as_bytes()).unwrap().0.id() != "s2"));
     p.restore("s2").unwrap();
     agree(&p, "s2 restored");
+    workers.stop();
 }

@@ -98,10 +98,14 @@ pub struct Args {
 }
 
 impl Args {
-    /// Empties it: no arguments, the frame let go (the room for spans
-    /// kept).
+    /// Empties it: no arguments, the frame let go, and the room for spans
+    /// too when it is over what a command parsed into keeps
+    /// ([`KEPT_SPANS`]).
     pub fn clear(&mut self) {
         self.frame = Bytes::new();
+        if self.spans.capacity() > KEPT_SPANS {
+            self.spans = smallvec::SmallVec::new();
+        }
         self.spans.clear();
     }
 
@@ -472,12 +476,17 @@ const MAX_INLINE: usize = 64 * 1024;
 /// was found).
 pub fn parse_request(buf: &mut BytesMut, limits: RespLimits) -> (Parsed, Command) {
     let mut cmd = Command::default();
-    (parse_request_into(buf, limits, &mut cmd), cmd)
+    match parse_request_into(buf, limits, &mut cmd) {
+        Parsed::Command => (Parsed::Command, cmd),
+        other => (other, Command::default()),
+    }
 }
 
 /// [`parse_request`], the command parsed into `cmd` (a caller's, used
 /// again from request to request): a command is not moved on its way out,
-/// and its spans' room is kept.
+/// and its spans' room is kept. `cmd` holds a command only when
+/// [`Parsed::Command`] is returned; otherwise what it holds is not one (it
+/// may be part of one), and is not to be read.
 pub fn parse_request_into(buf: &mut BytesMut, limits: RespLimits, cmd: &mut Command) -> Parsed {
     loop {
         if let Some(r) = parse_one(buf, limits, cmd) {

@@ -160,7 +160,8 @@ impl RedisSession {
 /// the step is not copied on its way.
 pub(crate) enum Later {
     /// A request that is not a command to forward at once (an error, an
-    /// HTTP word, an argument over the limit).
+    /// argument over the limit; `Parsed::Command` here: a command named
+    /// by an HTTP word, refused).
     Request(Parsed),
     /// A command (counted) for the general path: the session's parsed
     /// one.
