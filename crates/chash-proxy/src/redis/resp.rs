@@ -99,8 +99,8 @@ pub struct Args {
 
 impl Args {
     /// Empties it: no arguments, the frame let go, and the room for spans
-    /// too when it is over what a command parsed into keeps
-    /// ([`KEPT_SPANS`]).
+    /// too when it is over what a command parsed into keeps (1,024
+    /// arguments' worth).
     pub fn clear(&mut self) {
         self.frame = Bytes::new();
         if self.spans.capacity() > KEPT_SPANS {
