@@ -301,13 +301,7 @@ impl Sample {
 impl Histogram {
     /// Records one observation.
     pub(crate) fn observe(&self, d: Duration) {
-        self.record(Sample::of(d));
-    }
-
-    /// Records one observation made beforehand.
-    #[inline]
-    pub(crate) fn record(&self, s: Sample) {
-        self.record_n(s, 1);
+        self.record_n(Sample::of(d), 1);
     }
 
     /// Records `n` observations of one value.

@@ -253,7 +253,7 @@ impl InFlight {
     /// reply is written through to its client ([`super::ReplyTx::send_reply`]);
     /// heard and off the out-queue in `tally`.
     fn settle_reply(mut self, tally: &mut Tally<'_>, reply: Reply, health: &Health) {
-        tally.heard(self.sent, reply_len(&reply), self.bytes);
+        tally.heard(self.sent, reply.whole_len(), self.bytes);
         if let Some(tx) = self.reply.take() {
             tx.send_reply(reply, health);
         }
@@ -281,14 +281,6 @@ impl InFlight {
     fn answer(&mut self, result: Result<Reply, BackendError>) {
         let Some(tx) = self.reply.take() else { return };
         tx.send(result);
-    }
-}
-
-/// The length of a whole reply (0 for a stream's).
-fn reply_len(reply: &Reply) -> usize {
-    match reply {
-        Reply::Whole(b) => b.len(),
-        Reply::Stream(_) => 0,
     }
 }
 

@@ -100,6 +100,17 @@ pub enum Reply {
     Stream(ReplyStream),
 }
 
+impl Reply {
+    /// Its bytes when it is whole; 0 for a stream (whose chunks are
+    /// bounded by its channel instead).
+    pub(crate) fn whole_len(&self) -> usize {
+        match self {
+            Reply::Whole(b) => b.len(),
+            Reply::Stream(_) => 0,
+        }
+    }
+}
+
 /// A piece of a streamed reply.
 #[derive(Debug)]
 pub struct Chunk {

@@ -384,7 +384,8 @@ impl Inbox {
         waker: Option<std::task::Waker>,
         held: &AtomicUsize,
     ) -> Option<std::task::Waker> {
-        let counted = result.as_ref().map_or(0, accounted);
+        // What it holds on the account while it waits for its client.
+        let counted = result.as_ref().map_or(0, Reply::whole_len);
         held.fetch_add(counted, Relaxed);
         self.slots[slot as usize] = Slot::Done(result, counted);
         waker
@@ -456,15 +457,6 @@ impl Slot {
             Slot::Free | Slot::Sent(_) | Slot::Abandoned | Slot::Waiting { waker: None, .. } => std::mem::forget(was),
             was => drop(was),
         }
-    }
-}
-
-/// Bytes a reply accounts for while it waits for its client (a stream's
-/// chunks are bounded by its channel instead).
-fn accounted(reply: &Reply) -> usize {
-    match reply {
-        Reply::Whole(b) => b.len(),
-        Reply::Stream(_) => 0,
     }
 }
 

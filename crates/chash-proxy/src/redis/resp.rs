@@ -549,11 +549,8 @@ fn parse_one(buf: &mut BytesMut, limits: RespLimits, cmd: &mut Command) -> Optio
     // Room for what is announced only as it arrives: a header alone
     // must not make the proxy allocate for a million arguments. Most
     // commands have a few arguments: their spans stay on the stack.
+    cmd.args.clear();
     let spans = &mut cmd.args.spans;
-    if spans.capacity() > KEPT_SPANS {
-        *spans = smallvec::SmallVec::new();
-    }
-    spans.clear();
     if n as usize > spans.inline_size() {
         spans.reserve((n as usize).min(1024));
     }

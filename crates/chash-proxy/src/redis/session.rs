@@ -160,8 +160,7 @@ impl RedisSession {
 /// the step is not copied on its way.
 pub(crate) enum Later {
     /// A request that is not a command to forward at once (an error, an
-    /// argument over the limit; `Parsed::Command` here: a command named
-    /// by an HTTP word, refused).
+    /// HTTP word, an argument over the limit): never `Parsed::Command`.
     Request(Parsed),
     /// A command (counted) for the general path: the session's parsed
     /// one.
@@ -190,7 +189,7 @@ impl Session for RedisSession {
         // others only).
         let common = super::command::common_key(&self.parsed.args);
         if common.is_none() && crate::redis::resp::is_http_word(&self.parsed.args[0]) {
-            return Err(Later::Request(Parsed::Command));
+            return Err(Later::Request(Parsed::Http));
         }
         self.pool.counters().requests.fetch_add(1, Relaxed);
         if self.sub.is_none() && self.plain() {
@@ -219,6 +218,7 @@ impl Session for RedisSession {
             Later::Request(Parsed::Error(msg)) => {
                 return Step::Close { reply: Some(err(&self.pool, format!("ERR {msg}"))), error: true }
             }
+            // (`Command` is not sent here: a command goes as `Later::Command`.)
             Later::Request(Parsed::Http | Parsed::Command) => return self.http_refused(),
             Later::Request(Parsed::TooLarge { len, skip }) => {
                 self.skip = Some(skip);
