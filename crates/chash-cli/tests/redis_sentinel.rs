@@ -27,7 +27,11 @@ struct Sentinel {
 impl Sentinel {
     fn start(dir: &TempDir, groups: &[(&str, &Redis)]) -> Sentinel {
         let port = free_port();
-        let mut conf = format!("port {port}\nbind 127.0.0.1\ndaemonize no\nsentinel announce-ip 127.0.0.1\n");
+        let log = dir.path(&format!("sentinel-{port}.log"));
+        let mut conf = format!(
+            "port {port}\nbind 127.0.0.1\ndaemonize no\nsentinel announce-ip 127.0.0.1\nlogfile {}\n",
+            log.display()
+        );
         for (name, primary) in groups {
             conf.push_str(&format!(
                 "sentinel monitor {name} 127.0.0.1 {} 2\nsentinel down-after-milliseconds {name} 1000\n\
@@ -156,7 +160,50 @@ impl Fleet {
         let m = self.sentinels[0].master(name);
         format!("{}:{}", m["ip"], m["port"])
     }
+
+    /// Each group's primary once its failovers are over: every Sentinel
+    /// names the same one with no failover under way (flags `master`
+    /// alone), it says `ROLE` master, and that has held for [`SETTLED`].
+    /// A failover can follow another: the Sentinels here declare a server
+    /// down after 1 s without an answer to their pings, and a primary
+    /// promoted a moment ago is sometimes found down and failed over again
+    /// (the proxies follow; what was acknowledged is on the last primary).
+    fn settled(&self, groups: &[&str]) -> HashMap<String, String> {
+        let mut since: Option<(HashMap<String, String>, Instant)> = None;
+        let mut last = String::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let now: Option<HashMap<String, String>> = groups
+                .iter()
+                .map(|g| {
+                    let views: Vec<HashMap<String, String>> = self.sentinels.iter().map(|s| s.master(g)).collect();
+                    let named: Vec<String> = views.iter().map(|m| format!("{}:{}", m["ip"], m["port"])).collect();
+                    last = format!("{g}: {:?}", views.iter().map(|m| (&m["port"], &m["flags"])).collect::<Vec<_>>());
+                    let calm = views.iter().all(|m| m["flags"] == "master") && named.iter().all(|n| *n == named[0]);
+                    let master =
+                        calm && self.group(g).servers.iter().any(|r| r.id() == named[0] && role(r) == "master");
+                    master.then(|| (g.to_string(), named[0].clone()))
+                })
+                .collect();
+            since = match (now, since) {
+                (Some(now), Some((before, at))) if now == before => {
+                    if at.elapsed() >= SETTLED {
+                        return now;
+                    }
+                    Some((now, at))
+                }
+                (Some(now), _) => Some((now, Instant::now())),
+                (None, _) => None,
+            };
+            assert!(Instant::now() < deadline, "not within 60 s: the groups settle on a primary each ({last})");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
+
+/// How long a group's Sentinels must agree, calm, on its primary before
+/// it is taken as settled: past the time a ping may go unanswered.
+const SETTLED: Duration = Duration::from_millis(2500);
 
 /// The primary a proxy uses for a group (its `/stats`).
 fn proxy_primary(p: &Proxy, group: &str) -> Option<String> {
@@ -270,6 +317,8 @@ fn groups_of(config: &std::path::Path, keys: &[&String]) -> HashMap<String, Stri
 /// counted.
 fn nothing_acknowledged_lost(
     fleet: &Fleet,
+    proxies: &[&Proxy],
+    primaries: &HashMap<String, String>,
     config: &std::path::Path,
     log: &HashMap<String, KeyLog>,
     since: Option<Instant>,
@@ -279,7 +328,7 @@ fn nothing_acknowledged_lost(
     let (mut checked, mut lost_before) = (0, 0);
     for (key, l) in log {
         let group = &placed[key];
-        let primary = fleet.group(group).by_id(&fleet.primary(group)).port;
+        let primary = fleet.group(group).by_id(&primaries[group]).port;
         let mut c = Resp::connect(SocketAddr::from(([127, 0, 0, 1], primary)));
         let got = match c.ask(&["GET", key]) {
             Reply::Bulk(v) => v.parse::<u64>().unwrap(),
@@ -292,9 +341,14 @@ fn nothing_acknowledged_lost(
         };
         assert!(
             got >= required && got <= l.sent,
-            "{key} on {group}: holds version {got}, the last acknowledged was {} (sent up to {})",
+            "{key} on {group}: holds version {got}, the last acknowledged was {} (sent up to {}); its last writes \
+             (version, acknowledged, sent and answered in ms from the first shown): {:?}; what every server holds: \
+             {:?}\n{}",
             required,
-            l.sent
+            l.sent,
+            last_outcomes(&l.outcomes),
+            everywhere(fleet, key),
+            failover_log(fleet, proxies, group)
         );
         if got < l.acked {
             lost_before += 1;
@@ -302,6 +356,57 @@ fn nothing_acknowledged_lost(
         checked += 1;
     }
     (checked, lost_before)
+}
+
+/// What every server of the fleet holds for `key`, for a failure's
+/// message.
+fn everywhere(fleet: &Fleet, key: &str) -> Vec<(String, String)> {
+    let servers = fleet.groups.iter().flat_map(|g| g.servers.iter().map(move |r| (g.name, r)));
+    servers
+        .map(|(group, r)| {
+            let addr = SocketAddr::from(([127, 0, 0, 1], r.port));
+            let held = match TcpStream::connect(addr) {
+                Ok(_) => format!("{} {:?}", role(r), Resp::connect(addr).ask_or_error(&["GET", key])),
+                Err(e) => format!("down: {e}"),
+            };
+            (format!("{group} {}", r.id()), held)
+        })
+        .collect()
+}
+
+/// What the Sentinels logged about `group`, and each proxy's log lines
+/// about groups and their connections (the last 80 of each), for a
+/// failure's message.
+fn failover_log(fleet: &Fleet, proxies: &[&Proxy], group: &str) -> String {
+    let mut out = String::new();
+    for s in &fleet.sentinels {
+        let text = std::fs::read_to_string(fleet.dir.path(&format!("sentinel-{}.log", s.port))).unwrap_or_default();
+        let about: Vec<&str> = text.lines().filter(|l| l.contains(&format!(" {group} "))).collect();
+        out.push_str(&format!("Sentinel {}:\n", s.port));
+        for line in &about[about.len().saturating_sub(80)..] {
+            out.push_str(&format!("  | {line}\n"));
+        }
+    }
+    for p in proxies {
+        let log = p.log.lock().unwrap();
+        let about: Vec<&String> = log
+            .iter()
+            .filter(|l| ["group", "primary", "Sentinel", "server", "failover"].iter().any(|w| l.contains(w)))
+            .collect();
+        out.push_str(&format!("proxy {}:\n", p.addr));
+        for line in &about[about.len().saturating_sub(80)..] {
+            out.push_str(&format!("  | {line}\n"));
+        }
+    }
+    out
+}
+
+/// A key's last few writes, for a failure's message: version, whether
+/// acknowledged, and when sent and answered (ms after the first shown).
+fn last_outcomes(outcomes: &[Outcome]) -> Vec<(u64, bool, u128, u128)> {
+    let last = &outcomes[outcomes.len().saturating_sub(6)..];
+    let Some(first) = last.first() else { return Vec::new() };
+    last.iter().map(|o| (o.version, o.ok, (o.sent - first.sent).as_millis(), (o.at - first.sent).as_millis())).collect()
 }
 
 /// The longest time without an acknowledged write among `group`'s keys
@@ -336,6 +441,32 @@ fn switched_to(proxies: &[&Proxy], group: &str, primary: &str) -> Instant {
     Instant::now()
 }
 
+/// Waits until both proxies use the primary the Sentinels name for
+/// `group` (asked again each time: another failover may follow); that
+/// primary, and when they were first seen on it.
+fn proxies_follow(fleet: &Fleet, proxies: &[&Proxy], group: &str) -> (String, Instant) {
+    let mut named = String::new();
+    eventually(30, &format!("every proxy uses the primary the Sentinels name for {group}"), || {
+        named = fleet.primary(group);
+        proxies.iter().all(|p| proxy_primary(p, group).as_deref() == Some(named.as_str()))
+    });
+    (named, Instant::now())
+}
+
+/// Once the writers have stopped: the primary each group settled on
+/// ([`Fleet::settled`]), both proxies using it; the one `group` moved to
+/// is named when it is not `first` (the group was failed over again).
+fn settle(fleet: &Fleet, proxies: &[&Proxy], group: &str, first: &str) -> HashMap<String, String> {
+    let primaries = fleet.settled(&["g1", "g2"]);
+    for (g, p) in &primaries {
+        switched_to(proxies, g, p);
+    }
+    if primaries[group] != first {
+        eprintln!("{group} was failed over again, from {first} to {}", primaries[group]);
+    }
+    primaries
+}
+
 /// `chash fleet status` agrees, both proxies naming `primary` for `group`
 /// (their reports follow a switch within a second).
 fn fleet_status_names(url: &str, group: &str, primary: &str) {
@@ -359,8 +490,9 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
     let etcd = Etcd::start(&fleet.dir);
     let url = etcd.url();
     chash(&["config", "put", "--etcd", &url, config.to_str().unwrap()]);
-    let a = Proxy::on_etcd(&url, &[]);
-    let b = Proxy::on_etcd(&url, &[]);
+    // At debug level: a failure's message shows what the proxies did.
+    let a = Proxy::on_etcd(&url, &["-v", "7"]);
+    let b = Proxy::on_etcd(&url, &["-v", "7"]);
     let proxies = [&a, &b];
     for g in ["g1", "g2"] {
         let primary = fleet.primary(g);
@@ -375,15 +507,15 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
     let started = Instant::now();
     let _ = s.ask(&["SENTINEL", "FAILOVER", "g1"]);
     eventually(30, "the Sentinels name g1's new primary", || fleet.primary("g1") != old);
-    let new = fleet.primary("g1");
-    let switched = switched_to(&proxies, "g1", &new);
+    let (new, switched) = proxies_follow(&fleet, &proxies, "g1");
     std::thread::sleep(Duration::from_millis(1000));
     let log = writers.finish();
+    let primaries = settle(&fleet, &proxies, "g1", &new);
 
     let keys: Vec<&String> = log.keys().collect();
     let placed = groups_of(&config, &keys);
     assert!(placed.values().any(|g| g == "g1") && placed.values().any(|g| g == "g2"), "keys on both groups");
-    assert_eq!(nothing_acknowledged_lost(&fleet, &config, &log, None), (200, 0));
+    assert_eq!(nothing_acknowledged_lost(&fleet, &proxies, &primaries, &config, &log, None), (200, 0));
     // The other group never noticed.
     assert_eq!(failures(&log, &placed, "g2"), 0, "no write to g2 failed during g1's failover");
     let (gap, resumed) = longest_gap(&log, &placed, "g1", started);
@@ -394,8 +526,9 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
         switched - started
     );
     assert!(resumed < switched + Duration::from_secs(1), "writes resume within 1 s of the switch");
-    assert_eq!(role(fleet.group("g1").by_id(&new)), "master");
-    fleet_status_names(&url, "g1", &new);
+    let new = &primaries["g1"];
+    assert_eq!(role(fleet.group("g1").by_id(new)), "master");
+    fleet_status_names(&url, "g1", new);
     for p in proxies {
         assert!(
             p.pool()["servers"][0]["group"]["failovers"].as_u64().unwrap()
@@ -415,12 +548,12 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
     // by it, unreplicated, and its reply read after.
     let killed = Instant::now();
     eventually(40, "the Sentinels name g2's new primary", || fleet.primary("g2") != old);
-    let new = fleet.primary("g2");
-    let switched = switched_to(&proxies, "g2", &new);
+    let (new, switched) = proxies_follow(&fleet, &proxies, "g2");
     std::thread::sleep(Duration::from_millis(1000));
     let log = writers.finish();
+    let primaries = settle(&fleet, &proxies, "g2", &new);
     let placed = groups_of(&config, &log.keys().collect::<Vec<_>>());
-    let (checked, lost_before) = nothing_acknowledged_lost(&fleet, &config, &log, Some(killed));
+    let (checked, lost_before) = nothing_acknowledged_lost(&fleet, &proxies, &primaries, &config, &log, Some(killed));
     assert_eq!(checked, 200);
     // At most the writes in flight when it died (one per writer).
     assert!(lost_before <= 20, "{lost_before} keys lost writes the killed primary acknowledged");
@@ -433,7 +566,7 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
         switched - started
     );
     assert!(resumed < switched + Duration::from_secs(1), "writes resume within 1 s of the switch");
-    fleet_status_names(&url, "g2", &new);
+    fleet_status_names(&url, "g2", &primaries["g2"]);
     // The two proxies agree, and the placement did not change.
     assert_eq!(a.pool()["placement_fingerprint"], b.pool()["placement_fingerprint"]);
     assert_eq!(proxy_primary(&a, "g1"), proxy_primary(&b, "g1"));

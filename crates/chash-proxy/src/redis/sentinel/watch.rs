@@ -121,9 +121,14 @@ async fn refresh(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> bo
     if failing_over {
         // A replica the failover has promoted is the primary to be: its
         // writes are kept, so the group's requests need not wait for the
-        // Sentinels to finish reconfiguring the other replicas.
-        if let Some(promoted) = promoted(s, group, conns).await {
-            primary = promoted;
+        // Sentinels to finish reconfiguring the other replicas. Not one
+        // that is itself being failed over (a primary promoted a moment
+        // ago, still flagged by the Sentinel that promoted it while others
+        // find it down): its writes may be lost to the next promotion.
+        let failing: Vec<&str> = latest.iter().filter(|a| a.failing_over).map(|a| a.primary.as_str()).collect();
+        let flagged = promoted(s, group, conns).await;
+        if let Some(promoted) = primary_to_be(&flagged, &failing) {
+            primary = promoted.to_owned();
             failing_over = false;
             group.ahead_since(top);
         }
@@ -239,9 +244,10 @@ fn lags_of(info: &str) -> Vec<(String, u64)> {
         .collect()
 }
 
-/// The replica a Sentinel has promoted in the group's failover (flag
-/// `promoted`), if any.
-async fn promoted(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> Option<String> {
+/// The replicas the Sentinels flag as promoted in a failover of the
+/// group (flag `promoted`), not down, by address.
+async fn promoted(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> Vec<String> {
+    let mut flagged = Vec::new();
     for (addr, conn) in s.settings.sentinels.iter().zip(conns.iter_mut()) {
         let Ok(reply) = ask(s, conn, addr, &[b"SENTINEL", b"REPLICAS", group.name.as_bytes()]).await else { continue };
         for replica in array_items(&reply).unwrap_or_default() {
@@ -249,12 +255,25 @@ async fn promoted(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> O
             let flags = field(&f, "flags").unwrap_or_default();
             if flags.split(',').any(|f| f == "promoted") && !flags.split(',').any(|f| f == "s_down") {
                 if let (Some(ip), Some(port)) = (field(&f, "ip"), field(&f, "port")) {
-                    return Some(format!("{ip}:{port}"));
+                    let address = format!("{ip}:{port}");
+                    if !flagged.contains(&address) {
+                        flagged.push(address);
+                    }
                 }
             }
         }
     }
-    None
+    flagged
+}
+
+/// Of the replicas flagged as promoted, the one to switch to ahead of
+/// the Sentinels: the first that is not a primary being failed over
+/// (`failing`, as the Sentinels that see a failover name it). A replica
+/// promoted in an earlier failover keeps its flag at the Sentinel that
+/// promoted it until that failover ends; if the others already find it
+/// down, it is the primary being replaced, not the one to be.
+fn primary_to_be<'a>(flagged: &'a [String], failing: &[&str]) -> Option<&'a str> {
+    flagged.iter().map(String::as_str).find(|p| !failing.contains(p))
 }
 
 /// Whether `addr` says it is a master (`ROLE`), before anything is sent
@@ -369,6 +388,20 @@ mod tests {
         assert_eq!(unusable(up, Some(11), 10, p).as_deref(), Some("lagging 11 s (replica_max_lag: 10)"));
         assert_eq!(unusable(up, None, 10, p).as_deref(), Some("127.0.0.1:7001 does not list it as an online replica"));
         assert_eq!(unusable(down, Some(0), 10, p).as_deref(), Some("its link to the primary is down"));
+    }
+
+    #[test]
+    fn a_promoted_replica_being_failed_over_itself_is_not_switched_to() {
+        let flagged = vec!["127.0.0.1:7002".to_owned(), "127.0.0.1:7003".to_owned()];
+        // The first failover: the old primary (7001) is failing over, the
+        // replica promoted for it is the primary to be.
+        assert_eq!(primary_to_be(&flagged[..1], &["127.0.0.1:7001"]), Some("127.0.0.1:7002"));
+        // A failover of the replica promoted a moment ago (7002), while the
+        // Sentinel that promoted it still flags it: not 7002 (its writes
+        // would be lost to the next promotion), the replica promoted now.
+        assert_eq!(primary_to_be(&flagged[..1], &["127.0.0.1:7001", "127.0.0.1:7002"]), None);
+        assert_eq!(primary_to_be(&flagged, &["127.0.0.1:7002"]), Some("127.0.0.1:7003"));
+        assert_eq!(primary_to_be(&[], &["127.0.0.1:7001"]), None);
     }
 
     #[test]
