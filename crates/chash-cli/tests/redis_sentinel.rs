@@ -180,8 +180,14 @@ impl Fleet {
                     let named: Vec<String> = views.iter().map(|m| format!("{}:{}", m["ip"], m["port"])).collect();
                     last = format!("{g}: {:?}", views.iter().map(|m| (&m["port"], &m["flags"])).collect::<Vec<_>>());
                     let calm = views.iter().all(|m| m["flags"] == "master") && named.iter().all(|n| *n == named[0]);
-                    let master =
-                        calm && self.group(g).servers.iter().any(|r| r.id() == named[0] && role(r) == "master");
+                    // (A killed primary refuses connections: no `ROLE`.)
+                    let answers = |r: &Redis| TcpStream::connect(("127.0.0.1", r.port)).is_ok();
+                    let master = calm
+                        && self
+                            .group(g)
+                            .servers
+                            .iter()
+                            .any(|r| r.id() == named[0] && answers(r) && role(r) == "master");
                     master.then(|| (g.to_string(), named[0].clone()))
                 })
                 .collect();
@@ -456,7 +462,7 @@ fn proxies_follow(fleet: &Fleet, proxies: &[&Proxy], group: &str) -> (String, In
 /// Once the writers have stopped: the primary each group settled on
 /// ([`Fleet::settled`]), both proxies using it; the one `group` moved to
 /// is named when it is not `first` (the group was failed over again).
-fn settle(fleet: &Fleet, proxies: &[&Proxy], group: &str, first: &str) -> HashMap<String, String> {
+fn await_settled(fleet: &Fleet, proxies: &[&Proxy], group: &str, first: &str) -> HashMap<String, String> {
     let primaries = fleet.settled(&["g1", "g2"]);
     for (g, p) in &primaries {
         switched_to(proxies, g, p);
@@ -510,7 +516,7 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
     let (new, switched) = proxies_follow(&fleet, &proxies, "g1");
     std::thread::sleep(Duration::from_millis(1000));
     let log = writers.finish();
-    let primaries = settle(&fleet, &proxies, "g1", &new);
+    let primaries = await_settled(&fleet, &proxies, "g1", &new);
 
     let keys: Vec<&String> = log.keys().collect();
     let placed = groups_of(&config, &keys);
@@ -551,7 +557,7 @@ fn writes_follow_a_failover_and_none_acknowledged_is_lost() {
     let (new, switched) = proxies_follow(&fleet, &proxies, "g2");
     std::thread::sleep(Duration::from_millis(1000));
     let log = writers.finish();
-    let primaries = settle(&fleet, &proxies, "g2", &new);
+    let primaries = await_settled(&fleet, &proxies, "g2", &new);
     let placed = groups_of(&config, &log.keys().collect::<Vec<_>>());
     let (checked, lost_before) = nothing_acknowledged_lost(&fleet, &proxies, &primaries, &config, &log, Some(killed));
     assert_eq!(checked, 200);

@@ -64,6 +64,8 @@ struct Answer {
     primary: String,
     epoch: u64,
     failing_over: bool,
+    /// Failing over, or the Sentinel finds the primary down (`s_down`).
+    suspect: bool,
 }
 
 /// Asks `addr` (connecting first if need be); a failed connection is
@@ -90,10 +92,12 @@ async fn refresh(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> bo
                 Some(f) => {
                     let (Some(ip), Some(port)) = (field(&f, "ip"), field(&f, "port")) else { continue };
                     let flags = field(&f, "flags").unwrap_or_default();
+                    let failing_over = flags.split(',').any(|f| f == "failover_in_progress" || f == "o_down");
                     answers.push(Answer {
                         primary: format!("{ip}:{port}"),
                         epoch: field(&f, "config-epoch").and_then(|e| e.parse().ok()).unwrap_or(0),
-                        failing_over: flags.split(',').any(|f| f == "failover_in_progress" || f == "o_down"),
+                        failing_over,
+                        suspect: failing_over || flags.split(',').any(|f| f == "s_down"),
                     });
                 }
                 None => tracing::warn!(pool = %s.pool, group = %group.name, "Sentinel {addr}: {}", text(&reply)),
@@ -121,16 +125,27 @@ async fn refresh(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> bo
     if failing_over {
         // A replica the failover has promoted is the primary to be: its
         // writes are kept, so the group's requests need not wait for the
-        // Sentinels to finish reconfiguring the other replicas. Not one
-        // that is itself being failed over (a primary promoted a moment
-        // ago, still flagged by the Sentinel that promoted it while others
-        // find it down): its writes may be lost to the next promotion.
-        let failing: Vec<&str> = latest.iter().filter(|a| a.failing_over).map(|a| a.primary.as_str()).collect();
+        // Sentinels to finish reconfiguring the other replicas. Not one a
+        // Sentinel at the latest configuration finds down or failing over
+        // (a primary promoted a moment ago, still flagged by the Sentinel
+        // that promoted it, failed over again): its writes may be lost to
+        // the next promotion.
+        let suspects: Vec<&str> = latest.iter().filter(|a| a.suspect).map(|a| a.primary.as_str()).collect();
         let flagged = promoted(s, group, conns).await;
-        if let Some(promoted) = primary_to_be(&flagged, &failing) {
-            primary = promoted.to_owned();
-            failing_over = false;
-            group.ahead_since(top);
+        match primary_to_be(&flagged, &suspects) {
+            Some(promoted) => {
+                primary = promoted.to_owned();
+                failing_over = false;
+                group.ahead_since(top);
+            }
+            None => match without_candidate(group.ahead().is_some(), now.primary.as_deref(), &suspects) {
+                Unflagged::Hold(current) => {
+                    group.hold(&format!("{current}, promoted a moment ago, is being failed over itself"));
+                    return true;
+                }
+                Unflagged::Stay => return true,
+                Unflagged::Named => {}
+            },
         }
     } else if let Some(since) = group.ahead() {
         // Ahead of the Sentinels (switched at the promotion): until they
@@ -266,14 +281,39 @@ async fn promoted(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> V
     flagged
 }
 
+/// What a failing-over group does when no flagged replica may be
+/// switched to ([`without_candidate`]).
+#[derive(Debug, PartialEq, Eq)]
+enum Unflagged<'a> {
+    /// Held: the promoted primary in use is itself being failed over.
+    Hold(&'a str),
+    /// Stays on the promoted primary in use (its flag was not found this
+    /// time: a Sentinel did not answer).
+    Stay,
+    /// Goes by what the Sentinels name (and is held if that is not a
+    /// primary).
+    Named,
+}
+
+/// [`Unflagged`] for a group: `ahead`, on a promoted primary (`current`)
+/// the Sentinels do not name yet, it never goes back to the configuration
+/// before it (whose primary is being demoted).
+fn without_candidate<'a>(ahead: bool, current: Option<&'a str>, suspects: &[&str]) -> Unflagged<'a> {
+    match current {
+        Some(current) if ahead && suspects.contains(&current) => Unflagged::Hold(current),
+        _ if ahead => Unflagged::Stay,
+        _ => Unflagged::Named,
+    }
+}
+
 /// Of the replicas flagged as promoted, the one to switch to ahead of
-/// the Sentinels: the first that is not a primary being failed over
-/// (`failing`, as the Sentinels that see a failover name it). A replica
-/// promoted in an earlier failover keeps its flag at the Sentinel that
-/// promoted it until that failover ends; if the others already find it
-/// down, it is the primary being replaced, not the one to be.
-fn primary_to_be<'a>(flagged: &'a [String], failing: &[&str]) -> Option<&'a str> {
-    flagged.iter().map(String::as_str).find(|p| !failing.contains(p))
+/// the Sentinels: the first that no Sentinel names as a primary it finds
+/// down or failing over (`suspects`). A replica promoted in an earlier
+/// failover keeps its flag at the Sentinel that promoted it until that
+/// failover ends; if another already finds it down, it is the primary
+/// being replaced, not the one to be.
+fn primary_to_be<'a>(flagged: &'a [String], suspects: &[&str]) -> Option<&'a str> {
+    flagged.iter().map(String::as_str).find(|p| !suspects.contains(p))
 }
 
 /// Whether `addr` says it is a master (`ROLE`), before anything is sent
@@ -402,6 +442,19 @@ mod tests {
         assert_eq!(primary_to_be(&flagged[..1], &["127.0.0.1:7001", "127.0.0.1:7002"]), None);
         assert_eq!(primary_to_be(&flagged, &["127.0.0.1:7002"]), Some("127.0.0.1:7003"));
         assert_eq!(primary_to_be(&[], &["127.0.0.1:7001"]), None);
+    }
+
+    #[test]
+    fn a_group_ahead_on_a_promoted_primary_never_goes_back_to_the_one_before() {
+        let (old, promoted) = ("127.0.0.1:7001", "127.0.0.1:7002");
+        // Ahead, and the promoted primary is being failed over itself: held.
+        assert_eq!(without_candidate(true, Some(promoted), &[old, promoted]), Unflagged::Hold(promoted));
+        // Ahead, its flag not found this time: stays (not back to 7001).
+        assert_eq!(without_candidate(true, Some(promoted), &[old]), Unflagged::Stay);
+        // Not ahead (the first failover, nothing promoted yet): by what the
+        // Sentinels name.
+        assert_eq!(without_candidate(false, Some(old), &[old]), Unflagged::Named);
+        assert_eq!(without_candidate(false, None, &[]), Unflagged::Named);
     }
 
     #[test]
