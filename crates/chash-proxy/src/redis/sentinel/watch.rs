@@ -82,6 +82,11 @@ async fn ask(s: &Sentinels, conn: &mut Option<Conn>, addr: &str, args: &[&[u8]])
     reply
 }
 
+/// Whether a Sentinel's comma-separated `flags` include any of `names`.
+fn has_flag(flags: &str, names: &[&str]) -> bool {
+    flags.split(',').any(|f| names.contains(&f))
+}
+
 /// Brings a group's target up to date with its Sentinels; whether it is
 /// still unsettled.
 async fn refresh(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> bool {
@@ -92,12 +97,12 @@ async fn refresh(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> bo
                 Some(f) => {
                     let (Some(ip), Some(port)) = (field(&f, "ip"), field(&f, "port")) else { continue };
                     let flags = field(&f, "flags").unwrap_or_default();
-                    let failing_over = flags.split(',').any(|f| f == "failover_in_progress" || f == "o_down");
+                    let failing_over = has_flag(flags, &["failover_in_progress", "o_down"]);
                     answers.push(Answer {
                         primary: format!("{ip}:{port}"),
                         epoch: field(&f, "config-epoch").and_then(|e| e.parse().ok()).unwrap_or(0),
                         failing_over,
-                        suspect: failing_over || flags.split(',').any(|f| f == "s_down"),
+                        suspect: failing_over || has_flag(flags, &["s_down"]),
                     });
                 }
                 None => tracing::warn!(pool = %s.pool, group = %group.name, "Sentinel {addr}: {}", text(&reply)),
@@ -199,7 +204,7 @@ async fn replicas(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>], prim
         if addr == primary {
             continue;
         }
-        let down = flags.split(',').any(|f| matches!(f, "s_down" | "o_down" | "disconnected"));
+        let down = has_flag(&flags, &["s_down", "o_down", "disconnected"]);
         let lag = lags.iter().find(|(a, _)| *a == addr).map(|(_, l)| *l);
         let why = if down {
             Some(format!("down (Sentinel flags {flags})"))
@@ -268,7 +273,7 @@ async fn promoted(s: &Sentinels, group: &Group, conns: &mut [Option<Conn>]) -> V
         for replica in array_items(&reply).unwrap_or_default() {
             let Some(f) = fields(&replica) else { continue };
             let flags = field(&f, "flags").unwrap_or_default();
-            if flags.split(',').any(|f| f == "promoted") && !flags.split(',').any(|f| f == "s_down") {
+            if has_flag(flags, &["promoted"]) && !has_flag(flags, &["s_down"]) {
                 if let (Some(ip), Some(port)) = (field(&f, "ip"), field(&f, "port")) {
                     let address = format!("{ip}:{port}");
                     if !flagged.contains(&address) {
