@@ -58,10 +58,12 @@ def variants(args):
     return out
 
 
-def build_floor(dest, debug=False):
-    """Builds scripts/floor-proxy.c (the reference forwarder) at `dest`; returns `dest`."""
+def build_floor(dest, debug=False, uring=False):
+    """Builds scripts/floor-proxy.c (the reference forwarder) at `dest`, its
+    io_uring variant with `uring`; returns `dest`."""
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "floor-proxy.c")
-    subprocess.run([os.environ.get("CC", "cc"), "-O2"] + (["-g"] if debug else []) + ["-o", dest, source], check=True)
+    subprocess.run([os.environ.get("CC", "cc"), "-O2"] + (["-g"] if debug else []) + (["-DURING"] if uring else [])
+                   + ["-o", dest, source], check=True)
     return dest
 
 

@@ -758,12 +758,15 @@ pub fn parse_reply(buf: &mut BytesMut) -> Frame {
 /// finds it, nothing taken.
 pub fn measure_reply(buf: &[u8]) -> Measured {
     // The commonest replies first, in one pass: a bulk string (a GET's
-    // value, or its null) and `+OK` (a SET's).
+    // value, or its RESP2 null), `+OK` (a SET's) and RESP3's null.
     if let Some(end) = bulk_end(buf, 0) {
         return end.map_or(Measured::Incomplete, Measured::Len);
     }
     if buf.starts_with(b"+OK\r\n") {
         return Measured::Len(5);
+    }
+    if buf.starts_with(b"_\r\n") {
+        return Measured::Len(3);
     }
     match frame_end(buf, 0, 0) {
         Ok(Some(end)) => Measured::Len(end),
@@ -1098,6 +1101,11 @@ mod tests {
             b"$2\r\nab",
             b"$2\r\nabc\r\n",
             b"$01\r\na\r\n",
+            // RESP3's null, and around it.
+            b"_\r\n",
+            b"_\r\n_\r\n",
+            b"_\r",
+            b"_x\r\n",
         ] {
             let mut buf = BytesMut::from(frame);
             let measured = measure_reply(frame);
