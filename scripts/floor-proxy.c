@@ -519,6 +519,9 @@ static void queue_io(int op, int fd, char *at, size_t len, uint64_t tag) {
     e->addr = (uint64_t)(uintptr_t)at;
     e->len = (uint32_t)len;
     e->user_data = tag;
+    /* Never wait: io_uring would otherwise wait for a socket that is not
+     * ready, whatever its O_NONBLOCK says, and stall the whole loop. */
+    e->msg_flags = MSG_DONTWAIT;
     sq_array[i] = i;
     local_tail++;
     queued++;
@@ -555,6 +558,29 @@ static void run_queued(long *results, uint64_t *tags) {
         }
         __atomic_store_n(cq_head, head, __ATOMIC_RELEASE);
     }
+}
+
+static long results[RING_ENTRIES];
+static uint64_t tags[RING_ENTRIES];
+
+/* Runs the sends queued: each takes what it sent off its buffer; what is
+ * left (or an error) goes to flush(), which writes the rest with write()
+ * or closes the socket. */
+static void run_sends(void) {
+    unsigned n = queued;
+    run_queued(results, tags);
+    for (unsigned j = 0; j < n; j++) {
+        enum kind *k = (enum kind *)(uintptr_t)tags[j];
+        buf_t *b = *k == CLIENT ? &((client_t *)k)->out : &((server_t *)k)->out;
+        if (results[j] > 0) b->start += (size_t)results[j];
+    }
+}
+
+/* Queues a send of b's unsent bytes, if any; the ring's worth at a time. */
+static void queue_send(int fd, buf_t *b, void *who) {
+    if (b->start == b->end) return;
+    if (queued == RING_ENTRIES) run_sends();
+    queue_io(IORING_OP_SEND, fd, b->p + b->start, b->end - b->start, (uintptr_t)who);
 }
 #endif
 
@@ -642,9 +668,8 @@ int main(int argc, char **argv) {
             }
         }
 #ifdef URING
-        /* The wake's reads, all in one call; then the writes, in another. */
-        static long results[RING_ENTRIES];
-        static uint64_t tags[RING_ENTRIES];
+        /* The wake's reads, all in one call (epoll gives at most 256 of
+         * them: they fit the ring); then the writes, in another. */
         unsigned reads = queued;
         run_queued(results, tags);
         for (unsigned j = 0; j < reads; j++) {
@@ -655,19 +680,10 @@ int main(int argc, char **argv) {
                 server_read((server_t *)k, results[j]);
         }
         for (server_t *s = dirty_servers; s; s = s->next_dirty)
-            queue_io(IORING_OP_SEND, s->fd, s->out.p + s->out.start, s->out.end - s->out.start, (uintptr_t)s);
+            queue_send(s->fd, &s->out, s);
         for (client_t *c = dirty_clients; c; c = c->next_dirty)
-            if (!c->closed && c->out.start < c->out.end)
-                queue_io(IORING_OP_SEND, c->fd, c->out.p + c->out.start, c->out.end - c->out.start, (uintptr_t)c);
-        unsigned writes = queued;
-        run_queued(results, tags);
-        for (unsigned j = 0; j < writes; j++) {
-            enum kind *k = (enum kind *)(uintptr_t)tags[j];
-            buf_t *b = *k == CLIENT ? &((client_t *)k)->out : &((server_t *)k)->out;
-            /* What is left (or an error) goes to flush() below, which
-             * writes the rest with write() or closes the socket. */
-            if (results[j] > 0) b->start += (size_t)results[j];
-        }
+            if (!c->closed) queue_send(c->fd, &c->out, c);
+        run_sends();
 #endif
         /* The wake's writes: one per server, one per client. */
         while (dirty_servers) {
