@@ -59,11 +59,13 @@ def variants(args):
 
 
 def build_floor(dest, debug=False, uring=False):
-    """Builds scripts/floor-proxy.c (the reference forwarder) at `dest`, its
-    io_uring variant with `uring`; returns `dest`."""
+    """Builds scripts/floor-proxy.c (the reference forwarder) at `dest`: its
+    io_uring variant with `uring` (True: reads and writes batched; "sends":
+    writes only); returns `dest`."""
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "floor-proxy.c")
-    subprocess.run([os.environ.get("CC", "cc"), "-O2"] + (["-g"] if debug else []) + (["-DURING"] if uring else [])
-                   + ["-o", dest, source], check=True)
+    flags = {False: [], True: ["-DURING"], "sends": ["-DURING_SENDS"]}[uring]
+    subprocess.run([os.environ.get("CC", "cc"), "-O2"] + (["-g"] if debug else []) + flags + ["-o", dest, source],
+                   check=True)
     return dest
 
 

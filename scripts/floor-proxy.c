@@ -19,9 +19,14 @@
  * Build: cc -O2 -o floor-proxy scripts/floor-proxy.c
  *        cc -O2 -DURING -o floor-proxy-uring scripts/floor-proxy.c   (io_uring:
  *        each wake's reads in one io_uring_enter, its writes in another)
+ *        cc -O2 -DURING_SENDS -o floor-proxy-sends scripts/floor-proxy.c
+ *        (io_uring for the writes only: reads one read() per socket)
  * Run:   floor-proxy LISTEN_PORT SERVER_PORT...   (all on 127.0.0.1)
  */
 #define _GNU_SOURCE
+#ifdef URING_SENDS
+#define URING
+#endif
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -397,7 +402,7 @@ static void close_client(client_t *c) {
     maybe_free_client(c); /* not while on the dirty list: freed after the flush */
 }
 
-#ifndef URING
+#if !defined(URING) || defined(URING_SENDS)
 /* Reads what a socket has into b's free room: the bytes read, or -errno. */
 static ssize_t read_into(int fd, buf_t *b) {
     reserve(b, READ_CHUNK);
@@ -468,8 +473,9 @@ static int flush(int fd, buf_t *b, int *want_out) {
  * one io_uring_enter and its writes in another, instead of one read or
  * write call per socket. epoll still says which sockets are ready. This
  * asks what a proxy gains on this machine by batching its socket calls
- * across sockets, which a proxy built on epoll readiness (twemproxy, chash
- * on tokio) cannot do. */
+ * across sockets. With -DURING_SENDS only the writes are batched, the
+ * reads staying one read() per socket: the part a proxy on epoll readiness
+ * (twemproxy, chash on tokio) could batch too, at the end of a wake. */
 #define RING_ENTRIES 1024
 static int ring_fd;
 static unsigned *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
@@ -527,11 +533,13 @@ static void queue_io(int op, int fd, char *at, size_t len, uint64_t tag) {
     queued++;
 }
 
+#ifndef URING_SENDS
 /* Queues a read of what the socket has into b's free room; tagged `who`. */
 static void queue_recv(int fd, buf_t *b, void *who) {
     reserve(b, READ_CHUNK);
     queue_io(IORING_OP_RECV, fd, b->p + b->end, b->cap - b->end, (uintptr_t)who);
 }
+#endif
 
 /* Submits what is queued and waits for all of it (the sockets are
  * non-blocking: each completes at once); results[k] for the k-th queued. */
@@ -649,7 +657,7 @@ int main(int argc, char **argv) {
                 client_t *c = evs[i].data.ptr;
                 if (evs[i].events & EPOLLOUT) mark_client(c);
                 if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-#ifdef URING
+#if defined(URING) && !defined(URING_SENDS)
                     queue_recv(c->fd, &c->in, c);
 #else
                     client_read(c, read_into(c->fd, &c->in));
@@ -659,7 +667,7 @@ int main(int argc, char **argv) {
                 server_t *s = evs[i].data.ptr;
                 if (evs[i].events & EPOLLOUT) mark_server(s);
                 if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-#ifdef URING
+#if defined(URING) && !defined(URING_SENDS)
                     queue_recv(s->fd, &s->in, s);
 #else
                     server_read(s, read_into(s->fd, &s->in));
@@ -669,7 +677,8 @@ int main(int argc, char **argv) {
         }
 #ifdef URING
         /* The wake's reads, all in one call (epoll gives at most 256 of
-         * them: they fit the ring); then the writes, in another. */
+         * them: they fit the ring; none with -DURING_SENDS, whose reads
+         * were made above); then the writes, in another. */
         unsigned reads = queued;
         run_queued(results, tags);
         for (unsigned j = 0; j < reads; j++) {
