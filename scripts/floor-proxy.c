@@ -606,6 +606,9 @@ int main(int argc, char **argv) {
     ring_init();
 #endif
     signal(SIGPIPE, SIG_IGN);
+    /* Stopped by SIGINT (callgrind-proxy-redis) even when started from a
+     * background job, which inherits SIGINT ignored. */
+    signal(SIGINT, SIG_DFL);
     ep = epoll_create1(0);
     int one = 1;
     nservers = argc - 2;
