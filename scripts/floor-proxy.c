@@ -24,7 +24,7 @@
  * Run:   floor-proxy LISTEN_PORT SERVER_PORT...   (all on 127.0.0.1)
  */
 #define _GNU_SOURCE
-#ifdef URING_SENDS
+#if defined(URING_SENDS) && !defined(URING)
 #define URING
 #endif
 #include <arpa/inet.h>
