@@ -27,6 +27,10 @@
 #if defined(URING_SENDS) && !defined(URING)
 #define URING
 #endif
+/* Reads through io_uring too (-DURING), or one read() per socket. */
+#if defined(URING) && !defined(URING_SENDS)
+#define URING_READS
+#endif
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -402,7 +406,7 @@ static void close_client(client_t *c) {
     maybe_free_client(c); /* not while on the dirty list: freed after the flush */
 }
 
-#if !defined(URING) || defined(URING_SENDS)
+#ifndef URING_READS
 /* Reads what a socket has into b's free room: the bytes read, or -errno. */
 static ssize_t read_into(int fd, buf_t *b) {
     reserve(b, READ_CHUNK);
@@ -533,7 +537,7 @@ static void queue_io(int op, int fd, char *at, size_t len, uint64_t tag) {
     queued++;
 }
 
-#ifndef URING_SENDS
+#ifdef URING_READS
 /* Queues a read of what the socket has into b's free room; tagged `who`. */
 static void queue_recv(int fd, buf_t *b, void *who) {
     reserve(b, READ_CHUNK);
@@ -660,7 +664,7 @@ int main(int argc, char **argv) {
                 client_t *c = evs[i].data.ptr;
                 if (evs[i].events & EPOLLOUT) mark_client(c);
                 if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-#if defined(URING) && !defined(URING_SENDS)
+#ifdef URING_READS
                     queue_recv(c->fd, &c->in, c);
 #else
                     client_read(c, read_into(c->fd, &c->in));
@@ -670,7 +674,7 @@ int main(int argc, char **argv) {
                 server_t *s = evs[i].data.ptr;
                 if (evs[i].events & EPOLLOUT) mark_server(s);
                 if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
-#if defined(URING) && !defined(URING_SENDS)
+#ifdef URING_READS
                     queue_recv(s->fd, &s->in, s);
 #else
                     server_read(s, read_into(s->fd, &s->in));
