@@ -89,18 +89,21 @@ def check_loaded(r, i):
     kind = TYPES[i % len(TYPES)]
     k = loaded_key(i)
     if kind in ("string", "ttl"):
-        ok = r.get(k) == f"v{i}"
+        got, want = r.get(k), f"v{i}"
     elif kind == "hash":
-        ok = r.hgetall(k) == {f"f{j}": f"{i}.{j}" for j in range(5)}
+        got, want = r.hgetall(k), {f"f{j}": f"{i}.{j}" for j in range(5)}
     elif kind == "list":
-        ok = r.lrange(k, 0, -1) == [f"{i}.{j}" for j in range(5)]
+        got, want = r.lrange(k, 0, -1), [f"{i}.{j}" for j in range(5)]
     elif kind == "set":
-        ok = r.smembers(k) == {f"{i}.{j}" for j in range(5)}
+        got, want = r.smembers(k), {f"{i}.{j}" for j in range(5)}
     elif kind == "zset":
-        ok = r.zrange(k, 0, -1, withscores=True) == [(f"{i}.{j}", float(j)) for j in range(5)]
+        got, want = r.zrange(k, 0, -1, withscores=True), [(f"{i}.{j}", float(j)) for j in range(5)]
     else:
-        ok = [e[1]["n"] for e in r.xrange(k)] == [f"{i}.{j}" for j in range(3)]
-    return None if ok else f"{k} does not hold what was loaded"
+        got, want = [e[1]["n"] for e in r.xrange(k)], [f"{i}.{j}" for j in range(3)]
+    if got == want:
+        return None
+    # What was read, and when (the proxies' logs say what they did then).
+    return f"{k} does not hold what was loaded: read {got!r} at {time.time():.3f}"
 
 
 class Owned:
@@ -202,6 +205,8 @@ def work(addr_a, addr_b, state_path, stop_file):
                 else:
                     j = rnd.randrange(n)
                     problem = check_loaded(proxies[c], j)
+                    if problem:
+                        problem += f" through proxy {'ab'[c]}"
                     with lock:
                         stats["reads"] += 1
                         if problem:

@@ -50,7 +50,7 @@ use routing::next_random;
 pub use routing::Change;
 #[cfg(test)]
 pub(crate) use routing::Routing;
-pub(crate) use routing::{Ejection, Member, Persist, PoolState, Previous};
+pub(crate) use routing::{Changed, Ejection, Member, Persist, PoolState, Previous};
 pub(crate) use warm::KeyWrites;
 
 /// What a pool calls with its config when a migration completes.
@@ -114,6 +114,9 @@ impl fmt::Debug for Pool {
         f.debug_struct("Pool").field("name", &self.name).finish()
     }
 }
+
+/// A key's server, with the unit of load taken on it (bounded loads).
+pub(crate) type Acquired = (Arc<Server>, Option<LoadRelease>);
 
 impl Pool {
     /// Starts a pool's servers (their connections on `workers`) and its
@@ -389,11 +392,39 @@ impl Pool {
         self.config.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The state this worker routes requests by: the one
+    /// [`Pool::acquire_under`] routes with, so that a request decides where
+    /// its keys are (a migration's moves) by the same state.
+    pub(crate) fn routing_state(&self) -> Arc<PoolState> {
+        self.local.local().lock().clone()
+    }
+
     /// The server for `key`, holding one unit of load on it until the
     /// returned guard drops when the pool bounds loads (`distribution:
     /// bounded`); other placements take no load.
-    pub fn acquire(self: &Arc<Self>, key: &[u8]) -> Option<(Arc<Server>, Option<LoadRelease>)> {
+    pub fn acquire(self: &Arc<Self>, key: &[u8]) -> Option<Acquired> {
+        self.acquire_in(&self.local.local().lock(), key)
+    }
+
+    /// [`Pool::acquire`], for a request that decided where its key is
+    /// under `under` (the migration it moved keys for, or none): `Err`
+    /// when the state this worker routes by has another one now (a change
+    /// armed, completed or replaced since), and the request must decide
+    /// again. Routing a key by a newer placement than its moves were
+    /// decided by would send it where its data is not yet.
+    pub(crate) fn acquire_under(
+        self: &Arc<Self>,
+        key: &[u8],
+        under: Option<&Arc<Migration>>,
+    ) -> Result<Option<Acquired>, Changed> {
         let state = self.local.local().lock();
+        if !state.under(under) {
+            return Err(Changed);
+        }
+        Ok(self.acquire_in(&state, key))
+    }
+
+    fn acquire_in(self: &Arc<Self>, state: &PoolState, key: &[u8]) -> Option<Acquired> {
         let Some((bounded, snapshot, to_member)) = state.bounded() else {
             if self.replicas() > 1 && self.spec.read_random {
                 let replicas = state.candidates(key, self.replicas());

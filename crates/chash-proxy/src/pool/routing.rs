@@ -141,7 +141,24 @@ pub(super) fn next_random() -> u64 {
     z ^ (z >> 31)
 }
 
+/// The state a request routes by has another migration than the one it
+/// decided its keys' moves under: it decides again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Changed;
+
 impl PoolState {
+    /// Whether this state's migration is `under` (the same one, or none
+    /// for both): a request that moved its keys for `under` may route by
+    /// this state.
+    #[inline]
+    pub(crate) fn under(&self, under: Option<&Arc<super::Migration>>) -> bool {
+        match (&self.migration, under) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+
     /// The server for `key`, or `None` when no server is live.
     #[inline]
     pub(crate) fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {

@@ -213,7 +213,7 @@ impl RedisSession {
         }
         let key = cmd.args.get(position)?;
         let (m, from) = {
-            let state = self.pool.state();
+            let state = self.pool.routing_state();
             let m = state.migration.clone()?;
             if m.phase() != Phase::Moving {
                 return None;
@@ -257,7 +257,15 @@ impl RedisSession {
     /// their servers now before the command runs there (a command's keys
     /// all first). While the migration holds (`armed`, or its first
     /// moments), this waits up to the pool's timeout.
-    pub(super) async fn move_first<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) -> Result<(), PendingReply> {
+    ///
+    /// The migration this was decided under (none: no migration): the
+    /// command is routed only by a state with that one
+    /// ([`Pool::acquire_under`](crate::pool::Pool::acquire_under)), else
+    /// it decides again.
+    pub(super) async fn move_first<'a>(
+        &self,
+        keys: impl Iterator<Item = &'a [u8]>,
+    ) -> Result<Option<Arc<Migration>>, PendingReply> {
         let pool = &self.pool;
         let keys: Vec<&[u8]> = keys.collect();
         let limit = pool.spec().timeout.unwrap_or(Duration::from_secs(5));
@@ -265,8 +273,8 @@ impl RedisSession {
         // Held while the migration holds: a reload may replace it (armed to
         // moving) or end it, so the pool's current one is asked again.
         let (m, groups) = loop {
-            let state = pool.state();
-            let Some(m) = state.migration.clone() else { return Ok(()) };
+            let state = pool.routing_state();
+            let Some(m) = state.migration.clone() else { return Ok(None) };
             let mut groups: Vec<(Arc<Server>, Arc<Server>, Vec<Bytes>)> = Vec::new();
             if m.phase() != Phase::Done {
                 for key in &keys {
@@ -282,7 +290,7 @@ impl RedisSession {
             }
             drop(state);
             if groups.is_empty() {
-                return Ok(());
+                return Ok(Some(m));
             }
             if m.phase() != Phase::Hold {
                 break (m, groups);
@@ -323,7 +331,7 @@ impl RedisSession {
                 }
             }
         }
-        Ok(())
+        Ok(Some(m))
     }
 }
 

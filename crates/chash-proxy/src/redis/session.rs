@@ -17,8 +17,8 @@ use super::resp::{
 use crate::backend::{BackendError, Job, Pending, Pinned, Reply, Requester, Server, Submitted};
 use crate::conn::{bytes_reply, later, ready_owned, Out, PendingReply, Session, Step};
 use crate::options::Shared;
-use crate::pool::LoadRelease;
 use crate::pool::Pool;
+use crate::pool::{LoadRelease, Migration};
 
 /// One Redis client connection's state.
 pub(crate) struct RedisSession {
@@ -91,6 +91,9 @@ pub(super) struct Transaction {
     pub(super) bytes: usize,
     /// Its commands' keys (moved first at `EXEC` during a migration).
     pub(super) keys: Vec<Bytes>,
+    /// The migration of the state `server` was found by (none: no
+    /// migration): one found by a state with another is found again.
+    pub(super) under: Option<Arc<Migration>>,
 }
 
 /// What [`RedisSession::forward_now`] did.
@@ -99,6 +102,9 @@ enum Forward {
     Sent(PendingReply),
     /// Waiting for room in its server connection's queue.
     Full(Box<Full>),
+    /// Not sent: the pool's migration is not the one the command was
+    /// decided under (a change came meanwhile); it decides again.
+    Changed,
 }
 
 /// A command waiting for room in its server connection's queue.
@@ -155,6 +161,10 @@ impl RedisSession {
     }
 }
 
+/// How many times a command decides where its keys are before it is
+/// refused (`TRYAGAIN`) because the pool's migration changed each time.
+pub(super) const DECIDE_TRIES: usize = 4;
+
 /// What [`RedisSession::next_now`] leaves to [`RedisSession::next_later`].
 /// Small (the command itself stays in the session until taken), so that
 /// the step is not copied on its way.
@@ -197,14 +207,17 @@ impl Session for RedisSession {
                 // `GET` or `SET` of a plain session: to the key's server,
                 // with no future made (the commonest path).
                 let cmd = &self.parsed;
-                let forward = self.forward_now(&cmd.args[position], cmd);
+                let step = match self.forward_now(&cmd.args[position], cmd, None) {
+                    Forward::Sent(reply) => Ok(Step::Reply(reply)),
+                    Forward::Full(full) => Err(Later::Full(full)),
+                    // A migration began after `plain` was asked: the
+                    // general path, which moves the key first.
+                    Forward::Changed => return Err(Later::Command),
+                };
                 // The frame let go now: the client's read buffer is not
                 // held shared until the next request.
                 self.parsed.args.clear();
-                return match forward {
-                    Forward::Sent(reply) => Ok(Step::Reply(reply)),
-                    Forward::Full(full) => Err(Later::Full(full)),
-                };
+                return step;
             }
         }
         Err(Later::Command)
@@ -247,11 +260,13 @@ impl Session for RedisSession {
             // `forward_now`).
             let route = route(name, &cmd.args);
             if let Route::Key(position) = route {
-                return Step::Reply(match self.forward_now(&cmd.args[position], &cmd) {
+                match self.forward_now(&cmd.args[position], &cmd, None) {
                     // Inline, not `forward`'s future.
-                    Forward::Sent(reply) => reply,
-                    Forward::Full(full) => self.forward_waiting(full).await,
-                });
+                    Forward::Sent(reply) => return Step::Reply(reply),
+                    Forward::Full(full) => return Step::Reply(self.forward_waiting(full).await),
+                    // A migration began: the general path below.
+                    Forward::Changed => {}
+                }
             }
             let quit = name == "QUIT";
             let reply = self.dispatch_routed(name, cmd, route).await;
@@ -367,45 +382,83 @@ impl RedisSession {
     /// [`RedisSession::dispatch_named`] once the session's checks are
     /// passed and the command's `route` is known.
     async fn dispatch_routed(&mut self, name: &str, cmd: Command, route: Route) -> PendingReply {
-        let pool = &self.pool;
-        if pool.migrating() {
-            if let Some(reply) = self.read_where_it_is(&route, &cmd).await {
-                return reply;
+        // A command's keys are moved (a migration) and routed under one
+        // migration, or none: when the state it is routed by has another
+        // (a change armed, completed or replaced in between), it decides
+        // again. One more try is what a change costs.
+        for _ in 0..DECIDE_TRIES {
+            let mut under = None;
+            if self.pool.migrating() {
+                if let Some(reply) = self.read_where_it_is(&route, &cmd).await {
+                    return reply;
+                }
+                if let Some(positions) = keys_of(&route, cmd.args.len()) {
+                    match self.move_first(positions.iter().map(|&p| &cmd.args[p])).await {
+                        Ok(m) => under = m,
+                        Err(refused) => return refused,
+                    }
+                }
             }
-            if let Some(positions) = keys_of(&route, cmd.args.len()) {
-                if let Err(refused) = self.move_first(positions.iter().map(|&p| &cmd.args[p])).await {
-                    return refused;
+            let under = under.as_ref();
+            let pool = &self.pool;
+            match &route {
+                Route::Transaction => return self.transaction(name, cmd).await,
+                Route::Proxy => return self.proxy_command(name, &cmd),
+                Route::Script => return self.script(cmd).await,
+                Route::Everywhere(what) => return self.everywhere(*what, cmd).await,
+                Route::Arity => return err(pool, arity(&String::from_utf8_lossy(&cmd.args[0]))),
+                Route::Refused(why) => {
+                    return err(
+                        pool,
+                        format!("ERR '{}' is not supported by chash-proxy: {why}", cmd.name().to_ascii_lowercase()),
+                    )
+                }
+                Route::Key(position) => {
+                    if let Some(reply) = self.forward(&cmd.args[*position], &cmd, under).await {
+                        return reply;
+                    }
+                }
+                Route::Keys(positions) if positions.len() == 1 => {
+                    if let Some(reply) = self.forward(&cmd.args[positions[0]], &cmd, under).await {
+                        return reply;
+                    }
+                }
+                Route::Keys(positions) => match self.server_of_all(name, &cmd, positions, under) {
+                    Ok(Some(server)) => return self.send(server, &cmd).await,
+                    Ok(None) => {}
+                    Err(refused) => return refused,
+                },
+                Route::Blocking(positions) => match self.server_of_all(name, &cmd, positions, under) {
+                    Ok(Some(server)) => return self.blocking(server, name, cmd).await,
+                    Ok(None) => {}
+                    Err(refused) => return refused,
+                },
+                Route::Split { step, gather } => {
+                    if let Some(reply) = self.split(&cmd, 1, *step, *gather, under).await {
+                        return reply;
+                    }
                 }
             }
         }
-        match route {
-            Route::Transaction => self.transaction(name, cmd).await,
-            Route::Proxy => self.proxy_command(name, &cmd),
-            Route::Script => self.script(cmd).await,
-            Route::Everywhere(what) => self.everywhere(what, cmd).await,
-            Route::Arity => err(pool, arity(&String::from_utf8_lossy(&cmd.args[0]))),
-            Route::Refused(why) => {
-                err(pool, format!("ERR '{}' is not supported by chash-proxy: {why}", cmd.name().to_ascii_lowercase()))
-            }
-            Route::Key(position) => self.forward(&cmd.args[position], &cmd).await,
-            Route::Keys(positions) if positions.len() == 1 => self.forward(&cmd.args[positions[0]], &cmd).await,
-            Route::Keys(positions) => match self.server_of_all(name, &cmd, &positions) {
-                Ok(server) => self.send(server, &cmd).await,
-                Err(refused) => refused,
-            },
-            Route::Blocking(positions) => match self.server_of_all(name, &cmd, &positions) {
-                Ok(server) => self.blocking(server, name, cmd).await,
-                Err(refused) => refused,
-            },
-            Route::Split { step, gather } => self.split(cmd, 1, step, gather).await,
-        }
+        super::transaction::changed(&self.pool)
     }
 
-    /// The one server the keys at `positions` are on; or the error: keys
-    /// on several servers (the hash-tag advice), no live server.
-    fn server_of_all(&self, name: &str, cmd: &Command, positions: &[usize]) -> Result<Arc<Server>, PendingReply> {
+    /// The one server the keys at `positions` are on, routed by a state
+    /// with the migration `under` (`None`: the state has another; decide
+    /// again); or the error: keys on several servers (the hash-tag
+    /// advice), no live server.
+    fn server_of_all(
+        &self,
+        name: &str,
+        cmd: &Command,
+        positions: &[usize],
+        under: Option<&Arc<Migration>>,
+    ) -> Result<Option<Arc<Server>>, PendingReply> {
         let pool = &self.pool;
-        let state = pool.state();
+        let state = pool.routing_state();
+        if !state.under(under) {
+            return Ok(None);
+        }
         let mut server: Option<&Arc<Server>> = None;
         for &p in positions {
             let Some(s) = state.server_for(&cmd.args[p]) else {
@@ -425,7 +478,7 @@ impl RedisSession {
                 _ => server = Some(s),
             }
         }
-        server.cloned().ok_or_else(|| err(pool, arity(name)))
+        server.cloned().map(Some).ok_or_else(|| err(pool, arity(name)))
     }
 
     /// A blocking command, on a server connection of the client's own
@@ -525,18 +578,24 @@ impl RedisSession {
         })
     }
 
-    async fn forward(&self, key: &[u8], cmd: &Command) -> PendingReply {
-        match self.forward_now(key, cmd) {
-            Forward::Sent(reply) => reply,
-            Forward::Full(full) => self.forward_waiting(full).await,
+    async fn forward(&self, key: &[u8], cmd: &Command, under: Option<&Arc<Migration>>) -> Option<PendingReply> {
+        match self.forward_now(key, cmd, under) {
+            Forward::Sent(reply) => Some(reply),
+            Forward::Full(full) => Some(self.forward_waiting(full).await),
+            Forward::Changed => None,
         }
     }
 
     /// Sends a command of one key to its server now, without waiting:
     /// its reply; or, when the server connection's queue is full, what
-    /// [`RedisSession::forward_waiting`] queues once there is room.
-    fn forward_now(&self, key: &[u8], cmd: &Command) -> Forward {
-        let Some((mut server, load)) = self.pool.acquire(key) else {
+    /// [`RedisSession::forward_waiting`] queues once there is room. Routed
+    /// only by a state with the migration `under`, the one its key's move
+    /// was decided under (`None`: no migration); else [`Forward::Changed`].
+    fn forward_now(&self, key: &[u8], cmd: &Command, under: Option<&Arc<Migration>>) -> Forward {
+        let Ok(acquired) = self.pool.acquire_under(key, under) else {
+            return Forward::Changed;
+        };
+        let Some((mut server, load)) = acquired else {
             return Forward::Sent(ready_owned(forward_error(&self.pool, "ERR no live server in pool".into())));
         };
         if let Some(policy) = self.reads.filter(|_| super::sentinel::reads::is_read(&cmd.args)) {
@@ -581,14 +640,26 @@ impl RedisSession {
 
     /// Splits a multi-key command by server: keys from argument `first`,
     /// each followed by `step - 1` values.
-    async fn split(&mut self, cmd: Command, first: usize, step: usize, gather: Gather) -> PendingReply {
+    async fn split(
+        &mut self,
+        cmd: &Command,
+        first: usize,
+        step: usize,
+        gather: Gather,
+        under: Option<&Arc<Migration>>,
+    ) -> Option<PendingReply> {
         let pool = &self.pool;
-        let state = pool.state();
+        let state = pool.routing_state();
+        if !state.under(under) {
+            // Routed under another migration than its keys were moved for:
+            // nothing sent; it decides again.
+            return None;
+        }
         if !(cmd.args.len() - first).is_multiple_of(step) {
             // The command table refuses these counts before a split (MSET
             // with a key and no value); kept here so a split never frames a
             // key without its value.
-            return err(pool, arity(&String::from_utf8_lossy(&cmd.args[0])));
+            return Some(err(pool, arity(&String::from_utf8_lossy(&cmd.args[0]))));
         }
         let total = (cmd.args.len() - first) / step;
         // Each key's group (by server), and per group its server and how
@@ -598,7 +669,7 @@ impl RedisSession {
         let mut groups: SmallVec<[(Arc<Server>, usize); 8]> = SmallVec::new();
         for at in (first..cmd.args.len()).step_by(step) {
             let Some(server) = state.server_for(&cmd.args[at]) else {
-                return ready_owned(forward_error(pool, "ERR no live server in pool".into()));
+                return Some(ready_owned(forward_error(pool, "ERR no live server in pool".into())));
             };
             let g = match groups.iter().position(|g| Arc::ptr_eq(&g.0, server)) {
                 Some(i) => i,
@@ -611,7 +682,7 @@ impl RedisSession {
             groups[g].1 += 1;
             if groups.len() > usize::from(u16::MAX) {
                 // Not from any pool chash serves; refused rather than wrapped.
-                return ready_owned(forward_error(pool, "ERR too many servers for one command".into()));
+                return Some(ready_owned(forward_error(pool, "ERR too many servers for one command".into())));
             }
         }
         drop(state);
@@ -620,7 +691,7 @@ impl RedisSession {
             // client's key order already) comes back as the server sends it,
             // streamed when large.
             let server = groups.swap_remove(0).0;
-            return self.send(server, &cmd).await;
+            return Some(self.send(server, cmd).await);
         }
         pool.counters().fragments.fetch_add(groups.len() as u64, Relaxed);
         let name = cmd.args.framed(0..first);
@@ -667,7 +738,7 @@ impl RedisSession {
             Gather::InOrder => lend(&mut self.merge_buf),
             Gather::AllOk | Gather::Sum => BytesMut::new(),
         };
-        later(Gathering {
+        Some(later(Gathering {
             buf,
             waits,
             next: 0,
@@ -679,7 +750,7 @@ impl RedisSession {
             gather,
             null: self.null(),
             pool: pool.clone(),
-        })
+        }))
     }
 }
 

@@ -9,7 +9,7 @@ use bytes::BytesMut;
 use super::command::{keys_of, route, Route};
 use super::errors::{arity, backend_error, err, forward_error};
 use super::resp::{error, frames, Command, WHOLE, WHOLE_REPLY_LIMIT};
-use super::session::{RedisSession, Transaction, Watch};
+use super::session::{RedisSession, Transaction, Watch, DECIDE_TRIES};
 use crate::backend::{Reply, Server};
 use crate::conn::{bytes_reply, ready, ready_owned, PendingReply};
 
@@ -55,13 +55,25 @@ impl RedisSession {
     /// after the keys are watched even when it pipelines them.
     pub(super) async fn watch(&mut self, cmd: Command) -> PendingReply {
         let pool = self.pool.clone();
-        if pool.migrating() {
-            if let Err(refused) = self.move_first(cmd.args.range(1..)).await {
-                return refused;
+        // Its keys are moved (a migration) and found under one migration,
+        // as a command's are (`dispatch_routed`).
+        let mut decided = None;
+        for _ in 0..DECIDE_TRIES {
+            let mut under = None;
+            if pool.migrating() {
+                match self.move_first(cmd.args.range(1..)).await {
+                    Ok(m) => under = m,
+                    Err(refused) => return refused,
+                }
+            }
+            let state = pool.routing_state();
+            if state.under(under.as_ref()) {
+                decided = Some(state);
+                break;
             }
         }
+        let Some(state) = decided else { return changed(&pool) };
         let server = {
-            let state = pool.state();
             let mut server: Option<Arc<Server>> = self.watch.as_ref().map(|w| w.server.clone());
             for key in cmd.args.range(1..) {
                 let Some(s) = state.server_for(key) else {
@@ -126,11 +138,9 @@ impl RedisSession {
                 }
             },
         };
-        let state = pool.state();
+        let state = pool.routing_state();
         for p in positions {
-            if pool.migrating() {
-                tx.keys.push(cmd.args.bytes(p));
-            }
+            tx.keys.push(cmd.args.bytes(p));
             let Some(s) = state.server_for(&cmd.args[p]) else {
                 tx.refused = true;
                 return ready_owned(forward_error(&pool, "ERR no live server in pool".into()));
@@ -148,7 +158,10 @@ impl RedisSession {
                     );
                 }
                 Some(_) => {}
-                None => tx.server = Some(s.clone()),
+                None => {
+                    tx.server = Some(s.clone());
+                    tx.under = state.migration.clone();
+                }
             }
         }
         tx.bytes += cmd.args.iter().map(|a| a.len() + 16).sum::<usize>();
@@ -174,12 +187,32 @@ impl RedisSession {
         // A migration began while it was queued: its keys move first, and
         // it runs where they are now (watched keys: where they were
         // watched; the migration moving them aborts the transaction).
+        // A migration began, ended or was replaced while it was queued:
+        // found again under the one now (as a command is).
         let mut tx = tx;
-        if self.pool.migrating() && watch.is_none() && !tx.keys.is_empty() {
-            if let Err(refused) = self.move_first(tx.keys.iter().map(|k| &k[..])).await {
-                return refused;
+        if watch.is_none() && !tx.keys.is_empty() {
+            let mut decided = false;
+            for _ in 0..DECIDE_TRIES {
+                let mut under = None;
+                if self.pool.migrating() {
+                    match self.move_first(tx.keys.iter().map(|k| &k[..])).await {
+                        Ok(m) => under = m,
+                        Err(refused) => return refused,
+                    }
+                }
+                let state = self.pool.routing_state();
+                if !state.under(under.as_ref()) {
+                    continue;
+                }
+                if under.is_some() || !state.under(tx.under.as_ref()) {
+                    tx.server = state.server_for(&tx.keys[0]).cloned();
+                }
+                decided = true;
+                break;
             }
-            tx.server = self.pool.state().server_for(&tx.keys[0]).cloned();
+            if !decided {
+                return changed(&self.pool);
+            }
         }
         let server = match tx.server {
             Some(s) => s,
@@ -219,4 +252,13 @@ impl RedisSession {
             }
         })
     }
+}
+
+/// The refusal of a command whose pool's migration changed each time it
+/// decided where its keys are.
+pub(super) fn changed(pool: &crate::pool::Pool) -> PendingReply {
+    err(
+        pool,
+        format!("TRYAGAIN chash-proxy: pool {} changed {DECIDE_TRIES} times while the command was routed", pool.name()),
+    )
 }
