@@ -333,9 +333,22 @@ fn no_key_moves_before_every_proxy_is_armed() {
     let old_owner = servers.iter().find(|s| before.route(twice.as_bytes()).map(str::to_owned) == Some(s.id())).unwrap();
     Resp::connect(SocketAddr::from(([127, 0, 0, 1], old_owner.port))).ask(&["SET", &twice, "old"]);
     Resp::connect(SocketAddr::from(([127, 0, 0, 1], servers[3].port))).ask(&["SET", &twice, "new"]);
+    // A transaction through b (not armed yet) watching a key that does
+    // not exist and moves, executed once the migration is done: aborted
+    // (nil), not run on the key's old server.
+    let watched = (0..10_000)
+        .map(|i| format!("watched:{i}"))
+        .find(|k| snapshot.route(k.as_bytes()).map(str::to_owned) == Some(servers[3].id()))
+        .unwrap();
+    let mut w = Resp::connect(b.addr.parse().unwrap());
+    w.ask(&["WATCH", &watched]);
+    w.ask(&["MULTI"]);
+    w.ask(&["SET", &watched, "late"]);
     b.signal("-HUP");
     all_reloaded(&config, &[&a, &b]);
     migrate_through(&config, &[&a, &b]);
+    assert!(matches!(w.ask(&["EXEC"]), Reply::Nil), "a transaction watched before the change ran after it");
+    assert!(matches!(c.ask(&["GET", &watched]), Reply::Nil));
     let verified = python(&["verify", &a.addr, state.to_str().unwrap()]);
     zero(&verified, &["loaded_wrong", "ttl_off"]);
     assert!(matches!(c.ask(&["GET", &twice]), Reply::Bulk(v) if v == "new"));

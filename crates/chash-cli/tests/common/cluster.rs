@@ -189,7 +189,7 @@ impl Resp {
         Ok(match kind {
             "+" | ":" => Reply::Other,
             "-" => return Err(rest.to_owned()),
-            "$" if rest == "-1" => Reply::Nil,
+            "$" | "*" if rest == "-1" => Reply::Nil,
             "$" => {
                 let n: usize = rest.parse().unwrap();
                 let mut buf = vec![0; n + 2];

@@ -50,7 +50,7 @@ use routing::next_random;
 pub use routing::Change;
 #[cfg(test)]
 pub(crate) use routing::Routing;
-pub(crate) use routing::{Changed, Ejection, Member, Persist, PoolState, Previous};
+pub(crate) use routing::{routes_as_decided, Changed, Ejection, Member, Persist, PoolState, Previous};
 pub(crate) use warm::KeyWrites;
 
 /// What a pool calls with its config when a migration completes.
@@ -288,13 +288,24 @@ impl Pool {
     /// Called under the config lock only (every change holds it), so two
     /// states are never swapped in at once (which could leave copies
     /// apart).
+    ///
+    /// The `migrating` flag is set before any copy has a migration and
+    /// cleared after none has, so that a request that finds it clear
+    /// meets a migration only if one began after it looked (and
+    /// [`Pool::acquire_under`] sends it back to decide again).
     fn store(&self, state: Arc<PoolState>) {
         self.warming.store(!state.previous.is_empty(), Relaxed);
-        self.migrating.store(state.migration.is_some(), Relaxed);
+        let migrating = state.migration.is_some();
+        if migrating {
+            self.migrating.store(true, Relaxed);
+        }
         for local in self.local.all() {
             *local.lock() = state.clone();
         }
         self.state.store(state);
+        if !migrating {
+            self.migrating.store(false, Relaxed);
+        }
     }
 
     /// Whether a migration is in progress (one relaxed load: the requests'
@@ -399,6 +410,13 @@ impl Pool {
         self.local.local().lock().clone()
     }
 
+    /// [`Pool::routing_state`] without a reference of its own (no count
+    /// shared with the other workers touched), for a request's routing:
+    /// let go before the request waits for anything.
+    pub(crate) fn routing_guard(&self) -> parking_lot::MutexGuard<'_, Arc<PoolState>> {
+        self.local.local().lock()
+    }
+
     /// The server for `key`, holding one unit of load on it until the
     /// returned guard drops when the pool bounds loads (`distribution:
     /// bounded`); other placements take no load.
@@ -407,18 +425,18 @@ impl Pool {
     }
 
     /// [`Pool::acquire`], for a request that decided where its key is
-    /// under `under` (the migration it moved keys for, or none): `Err`
-    /// when the state this worker routes by has another one now (a change
-    /// armed, completed or replaced since), and the request must decide
-    /// again. Routing a key by a newer placement than its moves were
-    /// decided by would send it where its data is not yet.
+    /// by `decided` (the state it moved its keys by, or `None`: no
+    /// migration): `Err` when this worker's state is not one it may be
+    /// routed by ([`routes_as_decided`]; a change came since), and the
+    /// request must decide again. Routing a key by another placement than
+    /// its moves were decided by could send it where its data is not.
     pub(crate) fn acquire_under(
         self: &Arc<Self>,
         key: &[u8],
-        under: Option<&Arc<Migration>>,
+        decided: Option<&Arc<PoolState>>,
     ) -> Result<Option<Acquired>, Changed> {
         let state = self.local.local().lock();
-        if !state.under(under) {
+        if !routes_as_decided(&state, decided) {
             return Err(Changed);
         }
         Ok(self.acquire_in(&state, key))

@@ -141,24 +141,26 @@ pub(super) fn next_random() -> u64 {
     z ^ (z >> 31)
 }
 
-/// The state a request routes by has another migration than the one it
-/// decided its keys' moves under: it decides again.
+/// The state a request would be routed by is not the one it decided its
+/// keys' moves by: it decides again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Changed;
 
-impl PoolState {
-    /// Whether this state's migration is `under` (the same one, or none
-    /// for both): a request that moved its keys for `under` may route by
-    /// this state.
-    #[inline]
-    pub(crate) fn under(&self, under: Option<&Arc<super::Migration>>) -> bool {
-        match (&self.migration, under) {
-            (None, None) => true,
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            _ => false,
-        }
+/// Whether a request may be routed by `state` when its keys' moves were
+/// decided by `decided` (a state with a migration; `None`: there was no
+/// migration, nothing to move): by that very state, or, with no
+/// migration, by any state without one. A key moved to its server under
+/// one placement must not be sent by another (a change armed, completed
+/// or replaced, or a server ejected, in between).
+#[inline]
+pub(crate) fn routes_as_decided(state: &Arc<PoolState>, decided: Option<&Arc<PoolState>>) -> bool {
+    match decided {
+        None => state.migration.is_none(),
+        Some(d) => Arc::ptr_eq(state, d),
     }
+}
 
+impl PoolState {
     /// The server for `key`, or `None` when no server is live.
     #[inline]
     pub(crate) fn server_for(&self, key: &[u8]) -> Option<&Arc<Server>> {

@@ -238,36 +238,47 @@ async fn requests_route_by_the_state_each_change_leaves() {
 }
 
 /// A request decides where its key is (a migration's moves, or none) and
-/// is routed only by a state with the same migration: a change between
-/// the two (armed, completed, replaced) has it decide again. Without
-/// this, a key decided without a migration and routed by the armed
-/// change's placement went to its new server before its data (on the
-/// server before the change) was moved there.
+/// is routed only by the state it decided by, or, having found no
+/// migration, by a state without one: a change between the two (armed,
+/// completed, a server ejected) has it decide again. Without this, a key
+/// decided with no migration and routed by the armed change's placement
+/// went to its new server before its data (on its server before the
+/// change) was moved there.
 #[tokio::test(start_paused = true)]
-async fn a_request_is_routed_only_under_the_migration_it_decided_by() {
+async fn a_request_is_routed_only_by_the_state_it_decided_by() {
     use super::{Migration, MoveSettings, Mover};
-    let p = pool("  redis: true\n  distribution: ring\n", 3);
+    let p = pool("  redis: true\n  distribution: ring\n  auto_eject_hosts: true\n", 3);
     let idle = |_: Arc<Pool>, _: Arc<Migration>, _: MoveSettings| -> super::MoveFuture { Box::pin(async {}) };
     p.set_mover(Mover { run: idle, settings: MoveSettings::default() });
     let ks = keys(2000);
-    let decided = p.routing_state();
-    assert!(decided.migration.is_none());
+    let before = p.routing_state();
+    assert!(before.migration.is_none());
     p.edit_migrating(&Edit::Add("s4:1".parse().unwrap()), None, chash::MigrationState::Armed).unwrap();
-    let m = p.routing_state().migration.clone().expect("the change is armed");
+    let armed = p.routing_state();
+    let m = armed.migration.clone().expect("the change is armed");
     let moving: Vec<&String> = ks.iter().filter(|k| p.acquire(k.as_bytes()).unwrap().0.id() == "s4").collect();
     assert!(moving.len() > 200, "{} of {} keys move", moving.len(), ks.len());
     for k in &moving {
-        // Decided with no migration: not routed by the armed placement.
+        // Decided with no migration: not routed by the armed placement
+        // (the state it decided by has it on its server before).
         assert!(p.acquire_under(k.as_bytes(), None).is_err(), "{k}");
-        let (server, _) = p.acquire_under(k.as_bytes(), Some(&m)).unwrap().unwrap();
+        assert_ne!(before.server_for(k.as_bytes()).unwrap().id(), "s4");
+        let (server, _) = p.acquire_under(k.as_bytes(), Some(&armed)).unwrap().unwrap();
         assert_eq!(server.id(), "s4", "{k}");
-        // The state it decided by still has it on its server before.
-        assert_ne!(decided.server_for(k.as_bytes()).unwrap().id(), "s4");
     }
-    // Completed: one decided under the migration decides again.
+    // A failing server ejected: the same migration, another placement.
+    p.server_failing("s1");
+    let ejected = p.routing_state();
+    assert!(!Arc::ptr_eq(&ejected, &armed), "s1 was not ejected");
+    assert!(Arc::ptr_eq(ejected.migration.as_ref().unwrap(), &m));
+    for k in &moving {
+        assert!(p.acquire_under(k.as_bytes(), Some(&armed)).is_err(), "{k}");
+        assert!(p.acquire_under(k.as_bytes(), Some(&ejected)).unwrap().is_some(), "{k}");
+    }
+    // Completed: one decided by a state with the migration decides again.
     p.migration_done(&m);
     for k in &moving {
-        assert!(p.acquire_under(k.as_bytes(), Some(&m)).is_err(), "{k}");
-        assert_eq!(p.acquire_under(k.as_bytes(), None).unwrap().unwrap().0.id(), "s4", "{k}");
+        assert!(p.acquire_under(k.as_bytes(), Some(&ejected)).is_err(), "{k}");
+        assert!(p.acquire_under(k.as_bytes(), None).unwrap().is_some(), "{k}");
     }
 }

@@ -20,7 +20,7 @@ use super::resp::{array_items, encode_array, integer, Command, WHOLE};
 use super::session::RedisSession;
 use crate::backend::{Address, Pinned, Reply, ReplyAccount, Requester, Server};
 use crate::conn::{ready_owned, PendingReply};
-use crate::pool::{Migration, MoveFuture, MoveSettings, Mover, Phase, Pool};
+use crate::pool::{Migration, MoveFuture, MoveSettings, Mover, Phase, Pool, PoolState};
 
 /// The Redis mover, with `settings`.
 pub(crate) fn mover(settings: MoveSettings) -> Mover {
@@ -258,21 +258,21 @@ impl RedisSession {
     /// all first). While the migration holds (`armed`, or its first
     /// moments), this waits up to the pool's timeout.
     ///
-    /// The migration this was decided under (none: no migration): the
-    /// command is routed only by a state with that one
-    /// ([`Pool::acquire_under`](crate::pool::Pool::acquire_under)), else
-    /// it decides again.
+    /// The state this was decided by (`None`: no migration): the command
+    /// is routed by that state only
+    /// ([`routes_as_decided`](crate::pool::routes_as_decided)), else it
+    /// decides again.
     pub(super) async fn move_first<'a>(
         &self,
         keys: impl Iterator<Item = &'a [u8]>,
-    ) -> Result<Option<Arc<Migration>>, PendingReply> {
+    ) -> Result<Option<Arc<PoolState>>, PendingReply> {
         let pool = &self.pool;
         let keys: Vec<&[u8]> = keys.collect();
         let limit = pool.spec().timeout.unwrap_or(Duration::from_secs(5));
         let deadline = tokio::time::Instant::now() + limit;
         // Held while the migration holds: a reload may replace it (armed to
         // moving) or end it, so the pool's current one is asked again.
-        let (m, groups) = loop {
+        let (m, groups, decided) = loop {
             let state = pool.routing_state();
             let Some(m) = state.migration.clone() else { return Ok(None) };
             let mut groups: Vec<(Arc<Server>, Arc<Server>, Vec<Bytes>)> = Vec::new();
@@ -288,13 +288,13 @@ impl RedisSession {
                     }
                 }
             }
-            drop(state);
             if groups.is_empty() {
-                return Ok(Some(m));
+                return Ok(Some(state));
             }
             if m.phase() != Phase::Hold {
-                break (m, groups);
+                break (m, groups, state);
             }
+            drop(state);
             let now = tokio::time::Instant::now();
             if now >= deadline {
                 return Err(err(
@@ -331,7 +331,7 @@ impl RedisSession {
                 }
             }
         }
-        Ok(Some(m))
+        Ok(Some(decided))
     }
 }
 
@@ -498,6 +498,11 @@ async fn pass(
         let mut groups: Vec<(Arc<Server>, Vec<Bytes>)> = Vec::new();
         {
             let state = pool.state();
+            // Where keys go is this migration's placement: one that
+            // replaced it (while SCAN was answered) has its own mover.
+            if !state.migration.as_ref().is_some_and(|o| Arc::ptr_eq(o, m)) {
+                return Err(Stop::Replaced);
+            }
             for key in keys {
                 if copy::is_internal(&key) {
                     continue;
@@ -578,7 +583,14 @@ async fn settle_claims(
     }
     let mut waiting = 0;
     for (key, claim) in left {
-        let Some(to) = pool.state().server_for(&key).cloned() else { continue };
+        let to = {
+            let state = pool.state();
+            if !state.migration.as_ref().is_some_and(|o| std::ptr::eq(&**o, m)) {
+                return Err(Stop::Replaced);
+            }
+            let Some(to) = state.server_for(&key).cloned() else { continue };
+            to
+        };
         let dst = copy::Link { server: &to, pinned: None, requester, limit };
         let (moved, pending) = copy::resolve_left(&src, &dst, &[(key, claim)], lease(pool, Duration::ZERO))
             .await

@@ -18,7 +18,7 @@ use crate::backend::{BackendError, Job, Pending, Pinned, Reply, Requester, Serve
 use crate::conn::{bytes_reply, later, ready_owned, Out, PendingReply, Session, Step};
 use crate::options::Shared;
 use crate::pool::Pool;
-use crate::pool::{LoadRelease, Migration};
+use crate::pool::{routes_as_decided, LoadRelease, PoolState};
 
 /// One Redis client connection's state.
 pub(crate) struct RedisSession {
@@ -76,6 +76,10 @@ const MERGE_BUF: usize = 4 * 1024;
 pub(super) struct Watch {
     pub(super) server: Arc<Server>,
     pub(super) pinned: Pinned,
+    /// The membership version and the migration (`None`: none) of the
+    /// state the keys were watched by: `EXEC` under another aborts.
+    pub(super) version: String,
+    pub(super) under: Option<Arc<crate::pool::Migration>>,
 }
 
 /// A transaction's commands, queued by the proxy until `EXEC`, then sent
@@ -91,9 +95,9 @@ pub(super) struct Transaction {
     pub(super) bytes: usize,
     /// Its commands' keys (moved first at `EXEC` during a migration).
     pub(super) keys: Vec<Bytes>,
-    /// The migration of the state `server` was found by (none: no
-    /// migration): one found by a state with another is found again.
-    pub(super) under: Option<Arc<Migration>>,
+    /// The state `server` was found by, when it had a migration (`None`:
+    /// none had): found again at `EXEC` unless routed by the same.
+    pub(super) under: Option<Arc<PoolState>>,
 }
 
 /// What [`RedisSession::forward_now`] did.
@@ -102,8 +106,8 @@ enum Forward {
     Sent(PendingReply),
     /// Waiting for room in its server connection's queue.
     Full(Box<Full>),
-    /// Not sent: the pool's migration is not the one the command was
-    /// decided under (a change came meanwhile); it decides again.
+    /// Not sent: the state it would be routed by is not the one its keys'
+    /// moves were decided by (a change came meanwhile); it decides again.
     Changed,
 }
 
@@ -164,6 +168,15 @@ impl RedisSession {
 /// How many times a command decides where its keys are before it is
 /// refused (`TRYAGAIN`) because the pool's migration changed each time.
 pub(super) const DECIDE_TRIES: usize = 4;
+
+/// The refusal of a command whose pool changed (a change armed or
+/// completed, a server ejected) each time it decided where its keys are.
+pub(super) fn changed(pool: &Pool) -> PendingReply {
+    err(
+        pool,
+        format!("TRYAGAIN chash-proxy: pool {} changed {DECIDE_TRIES} times while the command was routed", pool.name()),
+    )
+}
 
 /// What [`RedisSession::next_now`] leaves to [`RedisSession::next_later`].
 /// Small (the command itself stays in the session until taken), so that
@@ -382,24 +395,26 @@ impl RedisSession {
     /// [`RedisSession::dispatch_named`] once the session's checks are
     /// passed and the command's `route` is known.
     async fn dispatch_routed(&mut self, name: &str, cmd: Command, route: Route) -> PendingReply {
-        // A command's keys are moved (a migration) and routed under one
-        // migration, or none: when the state it is routed by has another
-        // (a change armed, completed or replaced in between), it decides
-        // again. One more try is what a change costs.
-        for _ in 0..DECIDE_TRIES {
-            let mut under = None;
-            if self.pool.migrating() {
+        // A command's keys are moved (a migration) and routed by one state
+        // (or, with no migration, by any without one): when the state it
+        // would be routed by is another (a change armed, completed or
+        // replaced in between, a server ejected), it decides again. One
+        // more try is what a change costs; a try after the first asks the
+        // state itself, not the flag that sent it here.
+        for attempt in 0..DECIDE_TRIES {
+            let mut decided = None;
+            if attempt > 0 || self.pool.migrating() {
                 if let Some(reply) = self.read_where_it_is(&route, &cmd).await {
                     return reply;
                 }
                 if let Some(positions) = keys_of(&route, cmd.args.len()) {
                     match self.move_first(positions.iter().map(|&p| &cmd.args[p])).await {
-                        Ok(m) => under = m,
+                        Ok(state) => decided = state,
                         Err(refused) => return refused,
                     }
                 }
             }
-            let under = under.as_ref();
+            let decided = decided.as_ref();
             let pool = &self.pool;
             match &route {
                 Route::Transaction => return self.transaction(name, cmd).await,
@@ -414,49 +429,49 @@ impl RedisSession {
                     )
                 }
                 Route::Key(position) => {
-                    if let Some(reply) = self.forward(&cmd.args[*position], &cmd, under).await {
+                    if let Some(reply) = self.forward(&cmd.args[*position], &cmd, decided).await {
                         return reply;
                     }
                 }
                 Route::Keys(positions) if positions.len() == 1 => {
-                    if let Some(reply) = self.forward(&cmd.args[positions[0]], &cmd, under).await {
+                    if let Some(reply) = self.forward(&cmd.args[positions[0]], &cmd, decided).await {
                         return reply;
                     }
                 }
-                Route::Keys(positions) => match self.server_of_all(name, &cmd, positions, under) {
+                Route::Keys(positions) => match self.server_of_all(name, &cmd, positions, decided) {
                     Ok(Some(server)) => return self.send(server, &cmd).await,
                     Ok(None) => {}
                     Err(refused) => return refused,
                 },
-                Route::Blocking(positions) => match self.server_of_all(name, &cmd, positions, under) {
+                Route::Blocking(positions) => match self.server_of_all(name, &cmd, positions, decided) {
                     Ok(Some(server)) => return self.blocking(server, name, cmd).await,
                     Ok(None) => {}
                     Err(refused) => return refused,
                 },
                 Route::Split { step, gather } => {
-                    if let Some(reply) = self.split(&cmd, 1, *step, *gather, under).await {
+                    if let Some(reply) = self.split(&cmd, 1, *step, *gather, decided).await {
                         return reply;
                     }
                 }
             }
         }
-        super::transaction::changed(&self.pool)
+        changed(&self.pool)
     }
 
-    /// The one server the keys at `positions` are on, routed by a state
-    /// with the migration `under` (`None`: the state has another; decide
-    /// again); or the error: keys on several servers (the hash-tag
-    /// advice), no live server.
+    /// The one server the keys at `positions` are on, routed as their
+    /// moves were decided by `decided` (`None`: this worker's state is
+    /// another now; decide again); or the error: keys on several servers
+    /// (the hash-tag advice), no live server.
     fn server_of_all(
         &self,
         name: &str,
         cmd: &Command,
         positions: &[usize],
-        under: Option<&Arc<Migration>>,
+        decided: Option<&Arc<PoolState>>,
     ) -> Result<Option<Arc<Server>>, PendingReply> {
         let pool = &self.pool;
-        let state = pool.routing_state();
-        if !state.under(under) {
+        let state = pool.routing_guard();
+        if !routes_as_decided(&state, decided) {
             return Ok(None);
         }
         let mut server: Option<&Arc<Server>> = None;
@@ -578,8 +593,8 @@ impl RedisSession {
         })
     }
 
-    async fn forward(&self, key: &[u8], cmd: &Command, under: Option<&Arc<Migration>>) -> Option<PendingReply> {
-        match self.forward_now(key, cmd, under) {
+    async fn forward(&self, key: &[u8], cmd: &Command, decided: Option<&Arc<PoolState>>) -> Option<PendingReply> {
+        match self.forward_now(key, cmd, decided) {
             Forward::Sent(reply) => Some(reply),
             Forward::Full(full) => Some(self.forward_waiting(full).await),
             Forward::Changed => None,
@@ -589,10 +604,10 @@ impl RedisSession {
     /// Sends a command of one key to its server now, without waiting:
     /// its reply; or, when the server connection's queue is full, what
     /// [`RedisSession::forward_waiting`] queues once there is room. Routed
-    /// only by a state with the migration `under`, the one its key's move
-    /// was decided under (`None`: no migration); else [`Forward::Changed`].
-    fn forward_now(&self, key: &[u8], cmd: &Command, under: Option<&Arc<Migration>>) -> Forward {
-        let Ok(acquired) = self.pool.acquire_under(key, under) else {
+    /// only as its key's move was decided by `decided` (`None`: no
+    /// migration; see [`routes_as_decided`]); else [`Forward::Changed`].
+    fn forward_now(&self, key: &[u8], cmd: &Command, decided: Option<&Arc<PoolState>>) -> Forward {
+        let Ok(acquired) = self.pool.acquire_under(key, decided) else {
             return Forward::Changed;
         };
         let Some((mut server, load)) = acquired else {
@@ -646,15 +661,9 @@ impl RedisSession {
         first: usize,
         step: usize,
         gather: Gather,
-        under: Option<&Arc<Migration>>,
+        decided: Option<&Arc<PoolState>>,
     ) -> Option<PendingReply> {
         let pool = &self.pool;
-        let state = pool.routing_state();
-        if !state.under(under) {
-            // Routed under another migration than its keys were moved for:
-            // nothing sent; it decides again.
-            return None;
-        }
         if !(cmd.args.len() - first).is_multiple_of(step) {
             // The command table refuses these counts before a split (MSET
             // with a key and no value); kept here so a split never frames a
@@ -667,25 +676,33 @@ impl RedisSession {
         // Held in place for the common sizes: nothing allocated for them.
         let mut group_of: SmallVec<[u16; 32]> = SmallVec::with_capacity(total);
         let mut groups: SmallVec<[(Arc<Server>, usize); 8]> = SmallVec::new();
-        for at in (first..cmd.args.len()).step_by(step) {
-            let Some(server) = state.server_for(&cmd.args[at]) else {
-                return Some(ready_owned(forward_error(pool, "ERR no live server in pool".into())));
-            };
-            let g = match groups.iter().position(|g| Arc::ptr_eq(&g.0, server)) {
-                Some(i) => i,
-                None => {
-                    groups.push((server.clone(), 0));
-                    groups.len() - 1
+        {
+            // This worker's state, let go before anything is sent.
+            let state = pool.routing_guard();
+            if !routes_as_decided(&state, decided) {
+                // Not the state its keys' moves were decided by: nothing
+                // sent; it decides again.
+                return None;
+            }
+            for at in (first..cmd.args.len()).step_by(step) {
+                let Some(server) = state.server_for(&cmd.args[at]) else {
+                    return Some(ready_owned(forward_error(pool, "ERR no live server in pool".into())));
+                };
+                let g = match groups.iter().position(|g| Arc::ptr_eq(&g.0, server)) {
+                    Some(i) => i,
+                    None => {
+                        groups.push((server.clone(), 0));
+                        groups.len() - 1
+                    }
+                };
+                group_of.push(g as u16);
+                groups[g].1 += 1;
+                if groups.len() > usize::from(u16::MAX) {
+                    // Not from any pool chash serves; refused rather than wrapped.
+                    return Some(ready_owned(forward_error(pool, "ERR too many servers for one command".into())));
                 }
-            };
-            group_of.push(g as u16);
-            groups[g].1 += 1;
-            if groups.len() > usize::from(u16::MAX) {
-                // Not from any pool chash serves; refused rather than wrapped.
-                return Some(ready_owned(forward_error(pool, "ERR too many servers for one command".into())));
             }
         }
-        drop(state);
         if groups.len() == 1 {
             // One server: the command goes as it came, and its reply (in the
             // client's key order already) comes back as the server sends it,

@@ -9,9 +9,10 @@ use bytes::BytesMut;
 use super::command::{keys_of, route, Route};
 use super::errors::{arity, backend_error, err, forward_error};
 use super::resp::{error, frames, Command, WHOLE, WHOLE_REPLY_LIMIT};
-use super::session::{RedisSession, Transaction, Watch, DECIDE_TRIES};
+use super::session::{changed, RedisSession, Transaction, Watch, DECIDE_TRIES};
 use crate::backend::{Reply, Server};
 use crate::conn::{bytes_reply, ready, ready_owned, PendingReply};
+use crate::pool::{routes_as_decided, PoolState};
 
 /// The most commands (and bytes) a transaction queues in the proxy.
 const MAX_TRANSACTION: usize = 100_000;
@@ -55,24 +56,12 @@ impl RedisSession {
     /// after the keys are watched even when it pipelines them.
     pub(super) async fn watch(&mut self, cmd: Command) -> PendingReply {
         let pool = self.pool.clone();
-        // Its keys are moved (a migration) and found under one migration,
-        // as a command's are (`dispatch_routed`).
-        let mut decided = None;
-        for _ in 0..DECIDE_TRIES {
-            let mut under = None;
-            if pool.migrating() {
-                match self.move_first(cmd.args.range(1..)).await {
-                    Ok(m) => under = m,
-                    Err(refused) => return refused,
-                }
-            }
-            let state = pool.routing_state();
-            if state.under(under.as_ref()) {
-                decided = Some(state);
-                break;
-            }
-        }
-        let Some(state) = decided else { return changed(&pool) };
+        let keys: Vec<&[u8]> = cmd.args.range(1..).collect();
+        let state = match self.decide(&keys).await {
+            Ok(Some(state)) => state,
+            Ok(None) => return changed(&pool),
+            Err(refused) => return refused,
+        };
         let server = {
             let mut server: Option<Arc<Server>> = self.watch.as_ref().map(|w| w.server.clone());
             for key in cmd.args.range(1..) {
@@ -100,7 +89,12 @@ impl RedisSession {
                 None => return err(&pool, arity("WATCH")),
             }
         };
-        let watch = self.watch.get_or_insert_with(|| Watch { pinned: server.pin(&self.requester), server });
+        let watch = self.watch.get_or_insert_with(|| Watch {
+            pinned: server.pin(&self.requester),
+            server,
+            version: state.version.clone(),
+            under: state.migration.clone(),
+        });
         let pending = watch.server.submit_pinned(&watch.pinned, cmd.wire(), WHOLE, 1, &self.requester).await;
         match watch.server.finish(pending).await {
             Ok(Reply::Whole(frame)) => ready_owned(frame),
@@ -160,7 +154,7 @@ impl RedisSession {
                 Some(_) => {}
                 None => {
                     tx.server = Some(s.clone());
-                    tx.under = state.migration.clone();
+                    tx.under = state.migration.is_some().then(|| state.clone());
                 }
             }
         }
@@ -184,34 +178,55 @@ impl RedisSession {
         if tx.commands.is_empty() && watch.is_none() {
             return ready(b"*0\r\n");
         }
-        // A migration began while it was queued: its keys move first, and
-        // it runs where they are now (watched keys: where they were
-        // watched; the migration moving them aborts the transaction).
-        // A migration began, ended or was replaced while it was queued:
-        // found again under the one now (as a command is).
+        // Watched keys: the transaction runs where they were watched. A
+        // membership change or a migration since (its keys may have moved:
+        // a move aborts it on its server, but a key that did not exist
+        // would be written where it no longer belongs) aborts it here, as
+        // a change of a watched key does: nothing runs.
+        if let Some(w) = &watch {
+            let changed = {
+                let state = self.pool.routing_guard();
+                let same_migration = match (&state.migration, &w.under) {
+                    (None, None) => true,
+                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    _ => false,
+                };
+                state.version != w.version || !same_migration
+            };
+            if changed {
+                // The watching connection goes (it forgets what it watched).
+                drop(watch);
+                return ready(if self.requester.dialect == 1 { b"_\r\n" } else { b"*-1\r\n" });
+            }
+        }
+        // Its keys move first (a migration), and it runs where they are
+        // then, unless it is routed by the very state it was queued by.
         let mut tx = tx;
         if watch.is_none() && !tx.keys.is_empty() {
-            let mut decided = false;
-            for _ in 0..DECIDE_TRIES {
-                let mut under = None;
-                if self.pool.migrating() {
-                    match self.move_first(tx.keys.iter().map(|k| &k[..])).await {
-                        Ok(m) => under = m,
-                        Err(refused) => return refused,
-                    }
+            let keys: Vec<&[u8]> = tx.keys.iter().map(|k| &k[..]).collect();
+            let state = match self.decide(&keys).await {
+                Ok(Some(state)) => state,
+                Ok(None) => return changed(&self.pool),
+                Err(refused) => return refused,
+            };
+            let same = match &tx.under {
+                Some(queued) => Arc::ptr_eq(queued, &state),
+                None => state.migration.is_none(),
+            };
+            if !same {
+                let mut servers = keys.iter().map(|k| state.server_for(k));
+                let Some(first) = servers.next().flatten().cloned() else {
+                    return ready_owned(forward_error(&self.pool, "ERR no live server in pool".into()));
+                };
+                if !servers.all(|s| s.is_some_and(|s| Arc::ptr_eq(s, &first))) {
+                    return err(
+                        &self.pool,
+                        "EXECABORT Transaction discarded: the pool changed while it was queued and its keys are \
+                         now on different servers"
+                            .into(),
+                    );
                 }
-                let state = self.pool.routing_state();
-                if !state.under(under.as_ref()) {
-                    continue;
-                }
-                if under.is_some() || !state.under(tx.under.as_ref()) {
-                    tx.server = state.server_for(&tx.keys[0]).cloned();
-                }
-                decided = true;
-                break;
-            }
-            if !decided {
-                return changed(&self.pool);
+                tx.server = Some(first);
             }
         }
         let server = match tx.server {
@@ -254,11 +269,22 @@ impl RedisSession {
     }
 }
 
-/// The refusal of a command whose pool's migration changed each time it
-/// decided where its keys are.
-pub(super) fn changed(pool: &crate::pool::Pool) -> PendingReply {
-    err(
-        pool,
-        format!("TRYAGAIN chash-proxy: pool {} changed {DECIDE_TRIES} times while the command was routed", pool.name()),
-    )
+impl RedisSession {
+    /// The state a command of `keys` is routed by, its keys moved first (a
+    /// migration): the state their moves were decided by, or, with no
+    /// migration, this worker's (see [`routes_as_decided`]). `None`: the
+    /// pool changed each time.
+    async fn decide(&self, keys: &[&[u8]]) -> Result<Option<Arc<PoolState>>, PendingReply> {
+        for attempt in 0..DECIDE_TRIES {
+            let mut decided = None;
+            if attempt > 0 || self.pool.migrating() {
+                decided = self.move_first(keys.iter().copied()).await?;
+            }
+            let state = self.pool.routing_state();
+            if routes_as_decided(&state, decided.as_ref()) {
+                return Ok(Some(state));
+            }
+        }
+        Ok(None)
+    }
 }
