@@ -344,11 +344,27 @@ fn no_key_moves_before_every_proxy_is_armed() {
     w.ask(&["WATCH", &watched]);
     w.ask(&["MULTI"]);
     w.ask(&["SET", &watched, "late"]);
+    // And one not watching: it runs where its key is at EXEC.
+    let queued = (0..10_000)
+        .map(|i| format!("queued:{i}"))
+        .find(|k| snapshot.route(k.as_bytes()).map(str::to_owned) == Some(servers[3].id()))
+        .unwrap();
+    let mut q = Resp::connect(b.addr.parse().unwrap());
+    q.ask(&["MULTI"]);
+    q.ask(&["SET", &queued, "queued"]);
     b.signal("-HUP");
     all_reloaded(&config, &[&a, &b]);
     migrate_through(&config, &[&a, &b]);
     assert!(matches!(w.ask(&["EXEC"]), Reply::Nil), "a transaction watched before the change ran after it");
+    let watched_before = servers.iter().find(|s| before.route(watched.as_bytes()).map(str::to_owned) == Some(s.id()));
+    let mut old = Resp::connect(SocketAddr::from(([127, 0, 0, 1], watched_before.unwrap().port)));
+    assert!(matches!(old.ask(&["GET", &watched]), Reply::Nil), "written on its server before the change");
     assert!(matches!(c.ask(&["GET", &watched]), Reply::Nil));
+    assert!(matches!(q.ask(&["EXEC"]), Reply::Array(r) if r.len() == 1), "the transaction queued before ran");
+    let queued_before = servers.iter().find(|s| before.route(queued.as_bytes()).map(str::to_owned) == Some(s.id()));
+    let mut old = Resp::connect(SocketAddr::from(([127, 0, 0, 1], queued_before.unwrap().port)));
+    assert!(matches!(old.ask(&["GET", &queued]), Reply::Nil), "run on its key's server before the change");
+    assert!(matches!(c.ask(&["GET", &queued]), Reply::Bulk(v) if v == "queued"));
     let verified = python(&["verify", &a.addr, state.to_str().unwrap()]);
     zero(&verified, &["loaded_wrong", "ttl_off"]);
     assert!(matches!(c.ask(&["GET", &twice]), Reply::Bulk(v) if v == "new"));

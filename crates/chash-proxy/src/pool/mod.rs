@@ -50,7 +50,7 @@ use routing::next_random;
 pub use routing::Change;
 #[cfg(test)]
 pub(crate) use routing::Routing;
-pub(crate) use routing::{routes_as_decided, Changed, Ejection, Member, Persist, PoolState, Previous};
+pub(crate) use routing::{routes_as_decided, same_placement, Changed, Ejection, Member, Persist, PoolState, Previous};
 pub(crate) use warm::KeyWrites;
 
 /// What a pool calls with its config when a migration completes.

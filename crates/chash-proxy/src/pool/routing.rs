@@ -160,6 +160,18 @@ pub(crate) fn routes_as_decided(state: &Arc<PoolState>, decided: Option<&Arc<Poo
     }
 }
 
+/// Whether keys found where they are by `then` are still there by `now`
+/// (a transaction queued or watched by `then`, run by `now`): with a
+/// migration in either, only when they are the very same state; without
+/// one, when the membership is the same (a health change keeps where keys
+/// are kept).
+pub(crate) fn same_placement(now: &Arc<PoolState>, then: &Arc<PoolState>) -> bool {
+    if now.migration.is_some() || then.migration.is_some() {
+        return Arc::ptr_eq(now, then);
+    }
+    now.version == then.version
+}
+
 impl PoolState {
     /// The server for `key`, or `None` when no server is live.
     #[inline]

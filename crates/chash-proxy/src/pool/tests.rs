@@ -246,7 +246,7 @@ async fn requests_route_by_the_state_each_change_leaves() {
 /// change) was moved there.
 #[tokio::test(start_paused = true)]
 async fn a_request_is_routed_only_by_the_state_it_decided_by() {
-    use super::{Migration, MoveSettings, Mover};
+    use super::{same_placement, Migration, MoveSettings, Mover};
     let p = pool("  redis: true\n  distribution: ring\n  auto_eject_hosts: true\n", 3);
     let idle = |_: Arc<Pool>, _: Arc<Migration>, _: MoveSettings| -> super::MoveFuture { Box::pin(async {}) };
     p.set_mover(Mover { run: idle, settings: MoveSettings::default() });
@@ -259,10 +259,8 @@ async fn a_request_is_routed_only_by_the_state_it_decided_by() {
     let moving: Vec<&String> = ks.iter().filter(|k| p.acquire(k.as_bytes()).unwrap().0.id() == "s4").collect();
     assert!(moving.len() > 200, "{} of {} keys move", moving.len(), ks.len());
     for k in &moving {
-        // Decided with no migration: not routed by the armed placement
-        // (the state it decided by has it on its server before).
+        // Decided with no migration: not routed by the armed placement.
         assert!(p.acquire_under(k.as_bytes(), None).is_err(), "{k}");
-        assert_ne!(before.server_for(k.as_bytes()).unwrap().id(), "s4");
         let (server, _) = p.acquire_under(k.as_bytes(), Some(&armed)).unwrap().unwrap();
         assert_eq!(server.id(), "s4", "{k}");
     }
@@ -281,4 +279,15 @@ async fn a_request_is_routed_only_by_the_state_it_decided_by() {
         assert!(p.acquire_under(k.as_bytes(), Some(&ejected)).is_err(), "{k}");
         assert!(p.acquire_under(k.as_bytes(), None).unwrap().is_some(), "{k}");
     }
+    // A transaction queued (or watched) by one state runs as queued by
+    // another only where its keys are still where they were.
+    let done = p.routing_state();
+    assert!(!same_placement(&armed, &before), "a migration began");
+    assert!(!same_placement(&ejected, &armed), "another state during a migration");
+    assert!(!same_placement(&done, &ejected), "the migration ended");
+    assert!(!same_placement(&done, &before), "the membership changed");
+    p.server_failing("s2");
+    let healthier = p.routing_state();
+    assert!(!Arc::ptr_eq(&healthier, &done), "s2 was not ejected");
+    assert!(same_placement(&healthier, &done), "a health change with no migration keeps where keys are");
 }

@@ -76,10 +76,10 @@ const MERGE_BUF: usize = 4 * 1024;
 pub(super) struct Watch {
     pub(super) server: Arc<Server>,
     pub(super) pinned: Pinned,
-    /// The membership version and the migration (`None`: none) of the
-    /// state the keys were watched by: `EXEC` under another aborts.
-    pub(super) version: String,
-    pub(super) under: Option<Arc<crate::pool::Migration>>,
+    /// The state the keys were watched by: `EXEC` by one where they may
+    /// be elsewhere ([`same_placement`](crate::pool::same_placement))
+    /// aborts.
+    pub(super) state: Arc<PoolState>,
 }
 
 /// A transaction's commands, queued by the proxy until `EXEC`, then sent
@@ -95,9 +95,10 @@ pub(super) struct Transaction {
     pub(super) bytes: usize,
     /// Its commands' keys (moved first at `EXEC` during a migration).
     pub(super) keys: Vec<Bytes>,
-    /// The state `server` was found by, when it had a migration (`None`:
-    /// none had): found again at `EXEC` unless routed by the same.
-    pub(super) under: Option<Arc<PoolState>>,
+    /// The state `server` was found by (`None`: no key yet): found again
+    /// at `EXEC` unless its keys are still where that state put them
+    /// ([`same_placement`](crate::pool::same_placement)).
+    pub(super) queued: Option<Arc<PoolState>>,
 }
 
 /// What [`RedisSession::forward_now`] did.

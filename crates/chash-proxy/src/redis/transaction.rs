@@ -12,7 +12,7 @@ use super::resp::{error, frames, Command, WHOLE, WHOLE_REPLY_LIMIT};
 use super::session::{changed, RedisSession, Transaction, Watch, DECIDE_TRIES};
 use crate::backend::{Reply, Server};
 use crate::conn::{bytes_reply, ready, ready_owned, PendingReply};
-use crate::pool::{routes_as_decided, PoolState};
+use crate::pool::{routes_as_decided, same_placement, PoolState};
 
 /// The most commands (and bytes) a transaction queues in the proxy.
 const MAX_TRANSACTION: usize = 100_000;
@@ -92,8 +92,7 @@ impl RedisSession {
         let watch = self.watch.get_or_insert_with(|| Watch {
             pinned: server.pin(&self.requester),
             server,
-            version: state.version.clone(),
-            under: state.migration.clone(),
+            state: state.clone(),
         });
         let pending = watch.server.submit_pinned(&watch.pinned, cmd.wire(), WHOLE, 1, &self.requester).await;
         match watch.server.finish(pending).await {
@@ -154,7 +153,7 @@ impl RedisSession {
                 Some(_) => {}
                 None => {
                     tx.server = Some(s.clone());
-                    tx.under = state.migration.is_some().then(|| state.clone());
+                    tx.queued = Some(state.clone());
                 }
             }
         }
@@ -183,25 +182,25 @@ impl RedisSession {
         // a move aborts it on its server, but a key that did not exist
         // would be written where it no longer belongs) aborts it here, as
         // a change of a watched key does: nothing runs.
+        // During a migration its other keys move first too (the watched
+        // ones moved at WATCH), by the very state they were watched by.
+        let mut tx = tx;
         if let Some(w) = &watch {
-            let changed = {
-                let state = self.pool.routing_guard();
-                let same_migration = match (&state.migration, &w.under) {
-                    (None, None) => true,
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-                    _ => false,
-                };
-                state.version != w.version || !same_migration
-            };
-            if changed {
+            let mut holds = same_placement(&self.pool.routing_guard(), &w.state);
+            if holds && w.state.migration.is_some() && !tx.keys.is_empty() {
+                match self.move_first(tx.keys.iter().map(|k| &k[..])).await {
+                    Ok(decided) => holds = decided.is_some_and(|d| Arc::ptr_eq(&d, &w.state)),
+                    Err(refused) => return refused,
+                }
+            }
+            if !holds {
                 // The watching connection goes (it forgets what it watched).
                 drop(watch);
                 return ready(if self.requester.dialect == 1 { b"_\r\n" } else { b"*-1\r\n" });
             }
         }
         // Its keys move first (a migration), and it runs where they are
-        // then, unless it is routed by the very state it was queued by.
-        let mut tx = tx;
+        // then, unless they are still where it was queued by.
         if watch.is_none() && !tx.keys.is_empty() {
             let keys: Vec<&[u8]> = tx.keys.iter().map(|k| &k[..]).collect();
             let state = match self.decide(&keys).await {
@@ -209,10 +208,7 @@ impl RedisSession {
                 Ok(None) => return changed(&self.pool),
                 Err(refused) => return refused,
             };
-            let same = match &tx.under {
-                Some(queued) => Arc::ptr_eq(queued, &state),
-                None => state.migration.is_none(),
-            };
+            let same = tx.queued.as_ref().is_some_and(|q| same_placement(&state, q));
             if !same {
                 let mut servers = keys.iter().map(|k| state.server_for(k));
                 let Some(first) = servers.next().flatten().cloned() else {
