@@ -421,7 +421,7 @@ impl Pool {
         let (Some(mover), Some(me)) = (self.mover.get(), self.me.get().and_then(std::sync::Weak::upgrade)) else {
             return;
         };
-        tracing::info!(pool = %self.name, state = m.state.name(), "migration: moving the keys the change moves");
+        tracing::info!(pool = %self.name, state = m.state.name(), "migration: the mover of the change's keys starts");
         tokio::spawn((mover.run)(me, m, mover.settings));
     }
 
