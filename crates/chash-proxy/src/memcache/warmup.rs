@@ -88,7 +88,10 @@ const ATTEMPTS: usize = 4;
 /// (copied, or written meanwhile by someone else): the caller asks `to`
 /// again. Free when the pool has no warm-up window open.
 pub(crate) async fn fill(pool: &Arc<Pool>, requester: &Requester, to: &Arc<Server>, key: &[u8]) -> bool {
-    let sources = pool.state().previous_servers(key, to);
+    // By the worker's state, the one requests are routed by (a change
+    // swaps it in before the shared one): a read routed by the new
+    // placement looks where the change says the key was.
+    let sources = pool.routing_guard().previous_servers(key, to);
     if sources.is_empty() {
         return false;
     }
@@ -178,7 +181,11 @@ impl Invalidation {
         to: &Arc<Server>,
         key: &[u8],
     ) -> Option<Invalidation> {
-        let sources = pool.state().previous_servers(key, to);
+        // By the worker's state, as the write was routed: a write routed
+        // by the new placement, while the shared state was still the old
+        // one (no previous servers yet), skipped the key's old server,
+        // whose copy a later read then brought back.
+        let sources = pool.routing_guard().previous_servers(key, to);
         if sources.is_empty() {
             return None;
         }
