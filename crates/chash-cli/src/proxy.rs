@@ -208,13 +208,6 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
 
-    /// How replies written straight to plaintext clients go out: `auto`
-    /// gathers those of one server read into one io_uring system call
-    /// where the kernel allows it (Linux; else one `send` each, and the
-    /// log says why at start); `off` always sends each on its own.
-    #[arg(long, value_name = "auto|off", default_value = "auto", value_parser = ["auto", "off"])]
-    io_uring: String,
-
     /// Follow a fleet's membership in etcd instead of a file: the config
     /// (the same YAML, every pool) is read from the key PREFIX/config and
     /// watched; every new revision is validated and applied as a reload.
@@ -696,7 +689,6 @@ async fn serve(args: ProxyArgs, log: Log) -> Result<()> {
         // than two, with a lower p99 (BENCHMARKS.md).
         None => std::thread::available_parallelism().map_or(1, |n| usize::from(n).saturating_sub(1).max(1)),
     };
-    chash_proxy::set_batched_sends(args.io_uring == "auto");
     let mut options = ProxyOptions::default();
     options.admin_addr = (!args.no_admin).then_some(args.admin.unwrap_or(DEFAULT_ADMIN));
     // Several proxies on one host, each with its own listen and -s (as

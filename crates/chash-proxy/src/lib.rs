@@ -58,7 +58,7 @@ mod tls;
 mod twemproxy_stats;
 mod workers;
 
-pub use backend::{set_batched_sends, Address, Frame, Framing, Measured};
+pub use backend::{Address, Frame, Framing, Measured};
 pub use memcache::shard as embedded;
 pub use options::{ProxyOptions, Shared, DEFAULT_CLIENT_BUFFER};
 pub use pool::{check_servers, Change, MoveSettings, Pool, PoolError};

@@ -32,7 +32,6 @@ use super::health::Health;
 use super::moving::switched;
 use super::open::{open, BoxRead, Opened};
 use super::request::{Address, BackendError, BackendSettings, Job, ReplyTx};
-use super::sends::Sends;
 use crate::stats::{Histogram, PerWorker, Sample, ServerCounters};
 
 /// Requests a connection slot's queue holds before submitters wait.
@@ -264,10 +263,10 @@ impl InFlight {
     /// `buf` (taken from it; written to the client from `buf` if it can
     /// be: [`super::ReplyTx::send_front`]); heard and off the out-queue in
     /// `tally`.
-    fn settle_front(mut self, tally: &mut Tally<'_>, buf: &mut BytesMut, len: usize, health: &Health, sends: &mut Sends) {
+    fn settle_front(mut self, tally: &mut Tally<'_>, buf: &mut BytesMut, len: usize, health: &Health) {
         tally.heard(self.sent, len, self.bytes);
         match self.reply.take() {
-            Some(tx) => tx.send_front(buf, len, health, sends),
+            Some(tx) => tx.send_front(buf, len, health),
             None => buf.advance(len),
         }
     }
@@ -551,9 +550,6 @@ async fn read_replies(
     let mut line = Line { waiting: VecDeque::new(), inflight };
     let c = counters.local();
     let mut tally = Tally::new(c, latency.local());
-    // The replies of one read written through to their clients, written
-    // together at the end of the pass (before `buf` is read into again).
-    let mut sends = Sends::new();
     loop {
         // Read once per pass: every reply of one read arrived together.
         loop {
@@ -570,7 +566,7 @@ async fn read_replies(
                 // buffer (written to its client from there if it can be).
                 Measured::Len(len) if front.frames_left == 1 && front.got.is_none() => {
                     if let Some(f) = line.waiting.pop_front() {
-                        f.settle_front(&mut tally, &mut buf, len, &health, &mut sends);
+                        f.settle_front(&mut tally, &mut buf, len, &health);
                     }
                     continue;
                 }
@@ -615,7 +611,6 @@ async fn read_replies(
                     // or (too large to hold whole) read past.
                     let Some(scanner) = framing.scanner() else { break };
                     let Some(f) = line.waiting.pop_front() else { break };
-                    sends.flush();
                     tally.count();
                     latency.local().observe(f.sent.elapsed());
                     c.responses.fetch_add(1, Relaxed);
@@ -669,7 +664,6 @@ async fn read_replies(
                 }
             }
         }
-        sends.flush();
         tally.count();
         let deadline = line.waiting.front().and_then(|f| f.deadline);
         tokio::select! {

@@ -21,7 +21,6 @@ mod moving;
 mod open;
 mod queue;
 mod request;
-mod sends;
 
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
@@ -41,7 +40,6 @@ pub(crate) use open::{BoxRead, BoxWrite};
 pub use request::Address;
 pub(crate) use request::{BackendError, BackendSettings, ReplyAccount, Requester};
 pub(crate) use request::{Delivered, Job, Pending};
-pub use sends::set_enabled as set_batched_sends;
 
 use crate::stats::{described, Desc, Histogram, HistogramValues, PerWorker, ServerCounters, ServerEvents};
 use crate::workers::Workers;

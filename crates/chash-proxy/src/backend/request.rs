@@ -13,7 +13,6 @@ use bytes::{Buf, Bytes, BytesMut};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::framing::{Framing, Reply, Setup};
-use super::sends::{Queued, Sends};
 
 /// Why a request got no reply from its server.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -304,34 +303,14 @@ impl ReplyAccount {
     /// slot is offered (nothing copied or counted); else taken as
     /// [`ReplyAccount::deliver`] takes a reply. `health` hears of its
     /// success if it is written through.
-    /// Queued in `sends` instead, when it batches them, to be written
-    /// with the read's other replies ([`Sends::flush`]).
-    fn deliver_front(
-        this: Arc<Self>,
-        slot: u32,
-        buf: &mut BytesMut,
-        len: usize,
-        health: &super::health::Health,
-        sends: &mut Sends,
-    ) {
-        if this.held.load(Relaxed) >= this.limit {
+    fn deliver_front(&self, slot: u32, buf: &mut BytesMut, len: usize, health: &super::health::Health) {
+        if self.held.load(Relaxed) >= self.limit {
             // The overflow is `deliver`'s to say.
-            return this.deliver(slot, Ok(Reply::Whole(buf.split_to(len).freeze())), Some(health));
+            return self.deliver(slot, Ok(Reply::Whole(buf.split_to(len).freeze())), Some(health));
         }
         let waker = {
-            let mut inbox = this.lock();
-            let inbox = &mut *inbox;
+            let mut inbox = self.lock();
             match &mut inbox.slots[slot as usize] {
-                Slot::Waiting { waker, offered: true } if sends.on() && inbox.socket.is_some() => {
-                    health.succeeded();
-                    let waker = waker.take();
-                    inbox.slots[slot as usize] = Slot::Sending(waker);
-                    let socket = inbox.socket.clone();
-                    if let Some(socket) = socket {
-                        sends.queue(Queued { account: this.clone(), slot, socket, bytes: buf.split_to(len).freeze() });
-                    }
-                    None
-                }
                 Slot::Waiting { waker, offered: true } => {
                     health.succeeded();
                     let waker = waker.take();
@@ -342,51 +321,17 @@ impl ReplyAccount {
                         }
                         Some(written) => {
                             let rest = buf.split_to(len).freeze().slice(written..);
-                            inbox.fill(slot, Ok(Reply::Whole(rest)), waker, &this.held)
+                            inbox.fill(slot, Ok(Reply::Whole(rest)), waker, &self.held)
                         }
                     }
                 }
                 Slot::Waiting { waker, offered: false } => {
                     let waker = waker.take();
-                    inbox.fill(slot, Ok(Reply::Whole(buf.split_to(len).freeze())), waker, &this.held)
+                    inbox.fill(slot, Ok(Reply::Whole(buf.split_to(len).freeze())), waker, &self.held)
                 }
                 // The client stopped waiting: the reply is dropped.
                 _ => {
                     buf.advance(len);
-                    inbox.slots[slot as usize] = Slot::Free;
-                    inbox.free.push(slot);
-                    None
-                }
-            }
-        };
-        if let Some(w) = waker {
-            w.wake();
-        }
-    }
-}
-
-impl ReplyAccount {
-    /// A reply queued by [`ReplyAccount::deliver_front`] was sent:
-    /// `result` is the bytes written, or minus an errno. Written whole, its
-    /// slot says so (and its client's writer is not woken, as for a reply
-    /// written through); else the rest waits in the slot for the writer,
-    /// which is woken (a failed send is the writer's to meet, as a failed
-    /// write through is).
-    pub(super) fn sent(&self, slot: u32, bytes: Bytes, result: i32) {
-        let written = usize::try_from(result).unwrap_or(0).min(bytes.len());
-        let waker = {
-            let mut inbox = self.lock();
-            match &mut inbox.slots[slot as usize] {
-                Slot::Sending(_) if written == bytes.len() => {
-                    inbox.slots[slot as usize].set(Slot::Sent(written));
-                    None
-                }
-                Slot::Sending(waker) => {
-                    let waker = waker.take();
-                    inbox.fill(slot, Ok(Reply::Whole(bytes.slice(written..))), waker, &self.held)
-                }
-                // The client stopped waiting meanwhile.
-                _ => {
                     inbox.slots[slot as usize] = Slot::Free;
                     inbox.free.push(slot);
                     None
@@ -490,9 +435,6 @@ enum Slot {
         waker: Option<std::task::Waker>,
         offered: bool,
     },
-    /// The reply is being written to the client's socket with others
-    /// ([`Sends`]); the client's waker.
-    Sending(Option<std::task::Waker>),
     /// The reply was written to the client's socket (this many bytes).
     Sent(usize),
     /// The reply, and the bytes it holds on the account.
@@ -512,11 +454,7 @@ impl Slot {
     fn set(&mut self, to: Slot) {
         let was = std::mem::replace(self, to);
         match was {
-            Slot::Free
-            | Slot::Sent(_)
-            | Slot::Abandoned
-            | Slot::Waiting { waker: None, .. }
-            | Slot::Sending(None) => std::mem::forget(was),
+            Slot::Free | Slot::Sent(_) | Slot::Abandoned | Slot::Waiting { waker: None, .. } => std::mem::forget(was),
             was => drop(was),
         }
     }
@@ -542,15 +480,9 @@ impl ReplyTx {
     /// Sends its server's reply, the first `len` bytes of `buf` (taken
     /// from it): written to the client from `buf` when its slot is
     /// offered. `health`, the server's, hears of its success then.
-    pub(super) fn send_front(
-        mut self,
-        buf: &mut BytesMut,
-        len: usize,
-        health: &super::health::Health,
-        sends: &mut Sends,
-    ) {
+    pub(super) fn send_front(mut self, buf: &mut BytesMut, len: usize, health: &super::health::Health) {
         match self.account.take() {
-            Some(account) => ReplyAccount::deliver_front(account, self.slot, buf, len, health, sends),
+            Some(account) => account.deliver_front(self.slot, buf, len, health),
             None => buf.advance(len),
         }
     }
@@ -622,14 +554,6 @@ impl Pending {
                 *offered = offer;
                 return Poll::Pending;
             }
-            // Being sent: waited for as a reply is (never offered again).
-            Slot::Sending(waker) => {
-                match waker {
-                    Some(w) if w.will_wake(cx.waker()) => {}
-                    _ => *waker = Some(cx.waker().clone()),
-                }
-                return Poll::Pending;
-            }
             Slot::Sent(n) => {
                 let n = *n;
                 inbox.slots[i as usize].set(Slot::Free);
@@ -675,9 +599,8 @@ impl Drop for Pending {
         if let Some((_, counted)) = inbox.release(self.slot) {
             drop(inbox);
             account.held.fetch_sub(counted, Relaxed);
-        } else if let slot @ (Slot::Waiting { .. } | Slot::Sending(_)) = &mut inbox.slots[self.slot as usize] {
-            // Its reply is dropped when it comes ([`ReplyAccount::deliver`]),
-            // or its slot freed once sent ([`ReplyAccount::sent`]).
+        } else if let slot @ Slot::Waiting { .. } = &mut inbox.slots[self.slot as usize] {
+            // Its reply is dropped when it comes ([`ReplyAccount::deliver`]).
             *slot = Slot::Abandoned;
         }
     }
@@ -892,20 +815,9 @@ mod tests {
         partly_written(true).await;
     }
 
-    /// The same, for a reply sent from the read buffer batched with the
-    /// read's others (one io_uring submission, where the kernel allows).
-    #[tokio::test]
-    async fn what_a_full_socket_does_not_take_of_a_batched_send_is_left_for_the_writer() {
-        partly_written_by(true, Sends::new()).await;
-    }
-
-    async fn partly_written(front: bool) {
-        partly_written_by(front, Sends::one_by_one()).await;
-    }
-
     /// A reply of 16 MiB written through to a full socket; `front`: sent
     /// from a read buffer, which holds the next reply's bytes after it.
-    async fn partly_written_by(front: bool, mut sends: Sends) {
+    async fn partly_written(front: bool) {
         use tokio::io::AsyncReadExt;
         let (mut client, socket, _r) = socket_pair().await;
         // The client reads nothing: the socket's buffers fill.
@@ -937,13 +849,8 @@ mod tests {
         if front {
             let mut buf = BytesMut::from(&frame[..]);
             buf.extend_from_slice(b"+NEXT\r\n");
-            tx.send_front(&mut buf, frame.len(), &super::super::health::Health::new("s1".into(), 10, None), &mut sends);
+            tx.send_front(&mut buf, frame.len(), &super::super::health::Health::new("s1".into(), 10, None));
             assert_eq!(&buf[..], b"+NEXT\r\n", "the reply's bytes taken, the next reply's left");
-            if sends.on() {
-                assert_eq!(wakes.0.load(Relaxed), 0, "queued: no one woken yet");
-                assert!(poll_offered(&mut p, &wakes, true).is_pending(), "being sent: still waited for");
-            }
-            sends.flush();
         } else {
             tx.send(Ok(Reply::Whole(frame.clone())));
         }
@@ -975,17 +882,6 @@ mod tests {
     /// overflow (the account full).
     #[tokio::test]
     async fn a_reply_sent_from_a_read_buffer_takes_its_own_bytes_only() {
-        sent_from_a_read_buffer(Sends::one_by_one()).await;
-    }
-
-    /// The same, the replies written through batched (where the kernel
-    /// allows io_uring; else as above).
-    #[tokio::test]
-    async fn a_batched_reply_sent_from_a_read_buffer_takes_its_own_bytes_only() {
-        sent_from_a_read_buffer(Sends::new()).await;
-    }
-
-    async fn sent_from_a_read_buffer(mut sends: Sends) {
         use tokio::io::AsyncReadExt;
         let (mut client, socket, _r) = socket_pair().await;
         let account = ReplyAccount::new(16);
@@ -996,8 +892,7 @@ mod tests {
 
         let (tx, mut p) = account.reserve();
         assert!(poll_offered(&mut p, &wakes, true).is_pending());
-        tx.send_front(&mut buf, 11, &health, &mut sends);
-        sends.flush();
+        tx.send_front(&mut buf, 11, &health);
         assert_eq!(wakes.0.load(Relaxed), 0, "written through: no one woken");
         assert!(matches!(poll_offered(&mut p, &wakes, true), Poll::Ready(Ok(Delivered::Sent(11)))));
         let mut got = [0u8; 11];
@@ -1006,8 +901,7 @@ mod tests {
 
         let (tx, mut p) = account.reserve();
         assert!(poll_offered(&mut p, &wakes, false).is_pending());
-        tx.send_front(&mut buf, 7, &health, &mut sends);
-        sends.flush();
+        tx.send_front(&mut buf, 7, &health);
         assert_eq!(wakes.0.load(Relaxed), 1);
         assert_eq!(account.held(), 7, "held for the writer, on the account");
         let Poll::Ready(Ok(Delivered::Reply(r))) = poll_offered(&mut p, &wakes, false) else { panic!("no reply") };
@@ -1015,8 +909,7 @@ mod tests {
 
         let (tx, p) = account.reserve();
         drop(p);
-        tx.send_front(&mut buf, 7, &health, &mut sends);
-        sends.flush();
+        tx.send_front(&mut buf, 7, &health);
         assert_eq!(account.held(), 0, "abandoned: dropped");
 
         // Full (16 bytes held): an overflow, and the bytes still taken.
@@ -1024,8 +917,7 @@ mod tests {
         big.send(Ok(Reply::Whole(Bytes::from(vec![b'x'; 16]))));
         let (tx, mut p) = account.reserve();
         assert!(poll_offered(&mut p, &wakes, true).is_pending());
-        tx.send_front(&mut buf, 4, &health, &mut sends);
-        sends.flush();
+        tx.send_front(&mut buf, 4, &health);
         assert!(matches!(poll_offered(&mut p, &wakes, true), Poll::Ready(Err(BackendError::Overflow))));
         assert!(account.is_overflowed());
         assert_eq!(&buf[..], b":2\r\n", "each reply took its own bytes, no more");
