@@ -208,9 +208,9 @@ struct FileArgs {
     #[arg(long)]
     no_migrate: bool,
 
-    /// With --migrate: written `moving` at once, for a file only one proxy
-    /// reads (a fleet must arm first).
-    #[arg(long, requires = "migrate")]
+    /// With --migrate (or in a pool with `migrate: true`): written `moving`
+    /// at once, for a file only one proxy reads (a fleet must arm first).
+    #[arg(long, conflicts_with = "no_migrate")]
     now: bool,
 }
 
@@ -257,8 +257,15 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
             edited.text =
                 chash::config_edit::set_migration(&edited.text, &edited.after.name, after.migration.as_ref())?;
             edited.after = after;
-        } else if file.migrate {
-            anyhow::bail!("--migrate goes with add, remove and weight (the changes that move keys)");
+        } else if file.migrate || file.now {
+            let flag = if file.migrate { "--migrate" } else { "--now" };
+            if moves {
+                anyhow::bail!(
+                    "--now starts a migration: pool {} does not migrate (add --migrate, or set migrate: true in it)",
+                    edited.after.name
+                );
+            }
+            anyhow::bail!("{flag} goes with add, remove and weight (the changes that move keys)");
         }
         if matches!(edit, Edit::Add(_)) {
             // A server the proxy could not connect to would make the file
@@ -283,6 +290,7 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
     match &target {
         Some(path) => {
             write_atomically(path, &edited.text).with_context(|| format!("cannot write {}", path.display()))?;
+            say_written(path, &edit, &edited);
         }
         None => {
             let mut out = io::stdout().lock();
@@ -300,6 +308,26 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
         }
     }
     Ok(true)
+}
+
+/// What a change written to a file did, on standard error (the file is
+/// the output); for a migration the change starts, what to run next.
+fn say_written(path: &std::path::Path, edit: &Edit, edited: &chash::config_edit::Edited) {
+    let (shown, name) = (path.display(), &edited.after.name);
+    let started = edited.before.migration.is_none();
+    match edited.after.migration.as_ref().map(|m| m.state) {
+        Some(chash::MigrationState::Armed) if started => eprintln!(
+            "{shown}: {edit} (pool {name}), written armed: each proxy that reads the file holds the keys it moves\n  \
+             move them, once every proxy runs it: chash migrate start -c {shown} -i --check URL (each proxy's admin \
+             endpoint)"
+        ),
+        Some(chash::MigrationState::Moving) if started => eprintln!(
+            "{shown}: {edit} (pool {name}), written moving (--now)\n  follow it: chash migrate status URL --watch (the \
+             proxy's admin endpoint)\n  end it:    chash migrate finish -c {shown} -i --check URL (once the proxy \
+             completed it)"
+        ),
+        _ => eprintln!("{shown}: {edit} (pool {name})"),
+    }
 }
 
 /// The change made to the config stored in etcd (compare-and-swap).

@@ -45,7 +45,8 @@ With a fleet on etcd (every registered proxy is the barrier):
   chash migrate status --etcd etcd://10.0.0.9:2379/chash/web --watch
   chash migrate finish --etcd etcd://10.0.0.9:2379/chash/web --wait 600
 
-One proxy alone: `chash config add --migrate --now` (moving at once), or its
+One proxy alone: `chash config add --now` (moving at once; --migrate too unless
+the pool has migrate: true), then `chash migrate finish` once it completed; or its
 admin endpoint: POST /pools/POOL/servers?migrate=true (with --persist the
 record is written to the file and removed when the migration completes).")]
 pub struct MigrateArgs {
@@ -215,6 +216,15 @@ fn status(urls: &[String], watch: bool, interval: f64) -> Result<bool> {
                     )?;
                     continue;
                 };
+                if m["state"] == "armed" {
+                    // Nothing moves or is counted yet.
+                    writeln!(
+                        out,
+                        "{}  {}: armed: the keys the change moves are held until it moves (chash migrate start)",
+                        s.source, s.pool
+                    )?;
+                    continue;
+                }
                 let v = &s.numbers;
                 writeln!(
                     out,

@@ -204,8 +204,9 @@ fn a_server_added_then_one_removed_without_losing_a_key() {
 
     let file = config.to_str().unwrap();
     let added = format!("{}:1 s3", servers[3].id());
-    chash(&["config", "add", "-c", file, "--migrate", &added, "-i"]);
+    let said = chash(&["config", "add", "-c", file, "--migrate", &added, "-i"]);
     assert!(std::fs::read_to_string(&config).unwrap().contains("migrate_state: armed"));
+    assert!(said.contains("written armed") && said.contains(&format!("chash migrate start -c {file} -i")), "{said}");
     migrate_through(&config, &[&a, &b]);
     let s: Vec<&Redis> = servers.iter().collect();
     every_key_on_its_owner(&config, &s, &[]);
@@ -228,6 +229,33 @@ fn a_server_added_then_one_removed_without_losing_a_key() {
     let total = every_key_on_its_owner(&config, &[&servers[0], &servers[2], &servers[3]], &[&servers[1]]);
     assert!(total >= 100_000, "{total} keys");
     eprintln!("clients: {stats}; verified: {verified}");
+}
+
+/// `--now` in a pool with `migrate: true` (no `--migrate` needed) writes
+/// the change moving, for the one proxy that reads the file, and says
+/// what to run next; without a migration to start it is refused with why.
+#[test]
+fn now_writes_a_file_migration_moving() {
+    let _turn = serial();
+    let dir = TempDir::new("now");
+    let servers: Vec<Redis> = (0..3).map(|_| Redis::start()).collect();
+    let config = dir.path("pool.yml");
+    std::fs::write(&config, pool_file(&[&servers[0], &servers[1]], "")).unwrap();
+    let file = config.to_str().unwrap();
+    let added = format!("{}:1 s2", servers[2].id());
+    let said = chash(&["config", "add", "-c", file, "--now", &added, "-i"]);
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert!(text.contains("migrate_state: moving") && text.contains("migrate_from:"), "{text}");
+    assert!(said.contains("written moving (--now)") && said.contains("chash migrate status URL --watch"), "{said}");
+
+    // A pool that does not migrate, and a change that moves nothing.
+    let plain = dir.path("plain.yml");
+    std::fs::write(&plain, pool_file(&[&servers[0], &servers[1]], "").replace("  migrate: true\n", "")).unwrap();
+    let refused = chash_fails(&["config", "add", "-c", plain.to_str().unwrap(), "--now", &added, "-i"]);
+    assert!(refused.contains("--now starts a migration: pool cache does not migrate"), "{refused}");
+    let refused = chash_fails(&["config", "eject", "-c", plain.to_str().unwrap(), "--now", &servers[0].id(), "-i"]);
+    assert!(refused.contains("--now goes with add, remove and weight"), "{refused}");
+    assert!(!std::fs::read_to_string(&plain).unwrap().contains("migrate_state"), "nothing written");
 }
 
 /// Mid-move, one proxy is killed (SIGKILL) and started again, and a server
