@@ -259,6 +259,13 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
             edited.after = after;
         } else if file.migrate || file.now {
             let flag = if file.migrate { "--migrate" } else { "--now" };
+            if moves && !edited.after.redis {
+                anyhow::bail!(
+                    "--now starts a migration: pool {} is a memcached pool, which warms up instead of migrating \
+                     (warmup)",
+                    edited.after.name
+                );
+            }
             if moves {
                 anyhow::bail!(
                     "--now starts a migration: pool {} does not migrate (add --migrate, or set migrate: true in it)",

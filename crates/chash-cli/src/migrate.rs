@@ -207,12 +207,13 @@ fn status(urls: &[String], watch: bool, interval: f64) -> Result<bool> {
         if !watch || bar.is_none() {
             for s in &seen {
                 let Some(m) = &s.migration else {
+                    let done = n(&s.numbers, "migrations_completed");
                     writeln!(
                         out,
-                        "{}  {}: not migrating ({} migrations completed)",
+                        "{}  {}: not migrating ({done} migration{} completed)",
                         s.source,
                         s.pool,
-                        n(&s.numbers, "migrations_completed")
+                        if done == 1 { "" } else { "s" }
                     )?;
                     continue;
                 };
@@ -302,7 +303,13 @@ fn write(file: &FileTarget, text: &str) -> Result<()> {
 
 fn start(file: &FileTarget) -> Result<bool> {
     let (text, name, pool) = read(file)?;
-    let Some(m) = &pool.migration else { bail!("pool {name} of {} is not migrating", path(file)?.display()) };
+    let Some(m) = &pool.migration else {
+        bail!(
+            "nothing to start: pool {name} of {} has no armed change (chash config add|remove|weight writes one, in a \
+             pool with migrate: true or with --migrate)",
+            path(file)?.display()
+        )
+    };
     if m.state != MigrationState::Armed {
         bail!("pool {name}'s migration is {} already", m.state.name());
     }

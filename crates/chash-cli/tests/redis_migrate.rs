@@ -256,6 +256,16 @@ fn now_writes_a_file_migration_moving() {
     let refused = chash_fails(&["config", "eject", "-c", plain.to_str().unwrap(), "--now", &servers[0].id(), "-i"]);
     assert!(refused.contains("--now goes with add, remove and weight"), "{refused}");
     assert!(!std::fs::read_to_string(&plain).unwrap().contains("migrate_state"), "nothing written");
+    let refused =
+        chash_fails(&["migrate", "start", "-c", plain.to_str().unwrap(), "-i", "--check", "http://127.0.0.1:9"]);
+    assert!(refused.contains("nothing to start: pool cache of") && refused.contains("no armed change"), "{refused}");
+    // A memcached pool is not told to add --migrate (it warms up instead).
+    let memcached = dir.path("memcached.yml");
+    let text =
+        pool_file(&[&servers[0], &servers[1]], "").replace("  migrate: true\n", "").replace("  redis: true\n", "");
+    std::fs::write(&memcached, text).unwrap();
+    let refused = chash_fails(&["config", "add", "-c", memcached.to_str().unwrap(), "--now", &added, "-i"]);
+    assert!(refused.contains("is a memcached pool, which warms up instead"), "{refused}");
 }
 
 /// Mid-move, one proxy is killed (SIGKILL) and started again, and a server

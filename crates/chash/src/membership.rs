@@ -143,7 +143,7 @@ impl PoolConfig {
         if let Some(m) = &self.migration {
             return Err(Error::Change(format!(
                 "pool {} is migrating (migrate_state: {}; from {} servers): no other change until it completes \
-                 (chash migrate status)",
+                 and its record is removed (chash migrate status, then chash migrate finish)",
                 self.name,
                 m.state.name(),
                 m.from.iter().filter(|l| l.is_member()).count()

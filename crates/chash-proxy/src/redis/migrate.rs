@@ -301,7 +301,7 @@ impl RedisSession {
                     pool,
                     format!(
                         "TRYAGAIN chash-proxy: pool {} is migrating (migrate_state: {}) and keys that move wait until \
-                         every proxy of the fleet has the change",
+                         every proxy of the fleet has the change and it is started (chash migrate start)",
                         pool.name(),
                         m.state.name()
                     ),
