@@ -294,13 +294,20 @@ impl ServerList {
 
 /// Writes `text` to `path` so that a reader sees the old file or the new
 /// one, never half of it: a temporary file beside the target (a symlink is
-/// followed to its file), synced, then renamed over it.
+/// followed to its file), synced, then renamed over it. A target that is
+/// not a file (a device such as `/dev/null` or `/dev/stdout`, a pipe) is
+/// written to as it is: renamed over, it would be replaced by a file.
 ///
 /// # Errors
 /// The file system's.
 pub fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write;
     let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    if let Ok(meta) = std::fs::metadata(&target) {
+        if !meta.is_file() && !meta.is_dir() {
+            return std::fs::OpenOptions::new().write(true).open(&target)?.write_all(text.as_bytes());
+        }
+    }
     let dir = target.parent().unwrap_or_else(|| Path::new("."));
     let name = target.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let tmp = dir.join(format!(".{name}.chash-{}.tmp", std::process::id()));
@@ -326,6 +333,33 @@ pub fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pipe (as `/dev/null` or `/dev/stdout` would be a device) is
+    /// written to, not replaced by a file renamed over it.
+    #[cfg(unix)]
+    #[test]
+    fn what_is_not_a_file_is_written_to_not_replaced() {
+        use std::io::Read;
+        use std::os::unix::fs::FileTypeExt;
+        let dir = std::env::temp_dir().join(format!("chash-write-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("out");
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
+        assert!(made.success(), "mkfifo: {made}");
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || {
+                let mut got = String::new();
+                std::fs::File::open(&fifo).unwrap().read_to_string(&mut got).unwrap();
+                got
+            })
+        };
+        write_atomically(&fifo, "servers:\n").unwrap();
+        assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "still a pipe, not a file");
+        assert_eq!(reader.join().unwrap(), "servers:\n", "written through the pipe");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     const FILE: &str = "# The cache tier.\nweb:\n  listen: 127.0.0.1:22121\n  distribution: anchor\n  hash: xxh3\n  servers:   # one per line\n   - 10.0.0.1:11211:1 a   # rack 1\n   - \"10.0.0.2:11211:1 b\"\n   - 10.0.0.3:11211:1 c\n  timeout: 400\n\nsessions:   # the other pool\n  servers:\n  - 10.0.1.1:6379:1\n  redis: true\n";
 
