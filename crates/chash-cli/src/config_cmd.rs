@@ -257,22 +257,18 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
             edited.text =
                 chash::config_edit::set_migration(&edited.text, &edited.after.name, after.migration.as_ref())?;
             edited.after = after;
-        } else if file.migrate || file.now {
+        } else if !moves && (file.migrate || file.now) {
             let flag = if file.migrate { "--migrate" } else { "--now" };
-            if moves && !edited.after.redis {
-                anyhow::bail!(
-                    "--now starts a migration: pool {} is a memcached pool, which warms up instead of migrating \
-                     (warmup)",
-                    edited.after.name
-                );
-            }
-            if moves {
-                anyhow::bail!(
-                    "--now starts a migration: pool {} does not migrate (add --migrate, or set migrate: true in it)",
-                    edited.after.name
-                );
-            }
             anyhow::bail!("{flag} goes with add, remove and weight (the changes that move keys)");
+        } else if file.now {
+            // A change that moves keys, in a pool that does not migrate
+            // (with --migrate it would have, above).
+            let why = if edited.after.redis {
+                "does not migrate (add --migrate, or set migrate: true in it)"
+            } else {
+                "is a memcached pool, which warms up instead of migrating (warmup)"
+            };
+            anyhow::bail!("--now starts a migration: pool {} {why}", edited.after.name);
         }
         if matches!(edit, Edit::Add(_)) {
             // A server the proxy could not connect to would make the file
@@ -320,15 +316,16 @@ pub fn run(args: ConfigArgs) -> Result<bool> {
 /// What a change written to a file did, on standard error (the file is
 /// the output); for a migration the change starts, what to run next.
 fn say_written(path: &std::path::Path, edit: &Edit, edited: &chash::config_edit::Edited) {
+    // A change is refused while a migration is under way
+    // (`PoolConfig::apply`): one in `after` is this change's.
     let (shown, name) = (path.display(), &edited.after.name);
-    let started = edited.before.migration.is_none();
     match edited.after.migration.as_ref().map(|m| m.state) {
-        Some(chash::MigrationState::Armed) if started => eprintln!(
+        Some(chash::MigrationState::Armed) => eprintln!(
             "{shown}: {edit} (pool {name}), written armed: each proxy that reads the file holds the keys it moves\n  \
              move them, once every proxy runs it: chash migrate start -c {shown} -i --check URL (each proxy's admin \
              endpoint)"
         ),
-        Some(chash::MigrationState::Moving) if started => eprintln!(
+        Some(chash::MigrationState::Moving) => eprintln!(
             "{shown}: {edit} (pool {name}), written moving (--now)\n  follow it: chash migrate status URL --watch (the \
              proxy's admin endpoint)\n  end it:    chash migrate finish -c {shown} -i --check URL (once the proxy \
              completed it)"
