@@ -326,8 +326,8 @@ fn say_written(path: &std::path::Path, edit: &Edit, edited: &chash::config_edit:
              endpoint)"
         ),
         Some(chash::MigrationState::Moving) => eprintln!(
-            "{shown}: {edit} (pool {name}), written moving (--now)\n  follow it: chash migrate status URL --watch (the \
-             proxy's admin endpoint)\n  end it:    chash migrate finish -c {shown} -i --check URL (once the proxy \
+            "{shown}: {edit} (pool {name}), written moving (--now)\n  follow it: chash migrate status URL -c {shown} --watch \
+             (the proxy's admin endpoint)\n  end it:    chash migrate finish -c {shown} -i --check URL (once the proxy \
              completed it)"
         ),
         _ => eprintln!("{shown}: {edit} (pool {name})"),

@@ -35,7 +35,7 @@ change with the servers before it (`migrate_from`) and its state
 With a config file shared by several proxies:
   chash config add -c pool.yml --migrate '10.0.0.4:6379:1 d' -i    # armed
   chash migrate start -c pool.yml -i --check http://10.0.0.1:22223 --check http://10.0.0.2:22223
-  chash migrate status http://10.0.0.1:22223 http://10.0.0.2:22223 --watch
+  chash migrate status http://10.0.0.1:22223 http://10.0.0.2:22223 -c pool.yml --watch
   chash migrate finish -c pool.yml -i --check http://10.0.0.1:22223 --check http://10.0.0.2:22223
 
 With a fleet on etcd (every registered proxy is the barrier):
@@ -74,6 +74,15 @@ enum MigrateCommand {
         /// Seconds between two looks with --watch.
         #[arg(long, value_name = "SECS", default_value_t = 1.0)]
         interval: f64,
+        /// The config file the proxies read: each proxy is also checked
+        /// to run the file's change, and --watch waits for any that has
+        /// not loaded it yet (a look right after `chash config ... --now`
+        /// comes before the proxies reload the file).
+        #[arg(short = 'c', long = "config", value_name = "FILE", conflicts_with = "etcd")]
+        config: Option<PathBuf>,
+        /// The pool in FILE (may be left out when the file has one).
+        #[arg(long, value_name = "NAME", requires = "config")]
+        pool: Option<String>,
     },
     /// An armed migration to `moving`, once every proxy runs the armed change.
     Start {
@@ -123,12 +132,13 @@ struct FileTarget {
 
 pub fn run(args: MigrateArgs) -> Result<bool> {
     match args.command {
-        MigrateCommand::Status { urls, etcd, tls, watch, interval } => {
+        MigrateCommand::Status { urls, etcd, tls, watch, interval, config, pool } => {
             let urls = match etcd {
                 Some(url) => etcd_admin_urls(&url, &tls)?,
                 None => urls,
             };
-            status(&urls, watch, interval)
+            let expected = config.map(|path| Expected::read(&path, pool.as_deref())).transpose()?;
+            status(&urls, watch, interval, expected.as_ref())
         }
         MigrateCommand::Start { file } if file.etcd.is_some() => on_etcd(&file, true),
         MigrateCommand::Finish { file } if file.etcd.is_some() => on_etcd(&file, false),
@@ -187,11 +197,42 @@ fn look(urls: &[String]) -> Result<Vec<Seen>> {
     Ok(out)
 }
 
+/// The change a config file holds for one pool, as `chash migrate status
+/// -c FILE` checks the proxies against it.
+struct Expected {
+    file: String,
+    pool: String,
+    /// The pool's version as the file has it (armed or moving, or no
+    /// migration).
+    now: String,
+    /// Its version once a proxy completed the migration.
+    done: String,
+}
+
+impl Expected {
+    fn read(path: &std::path::Path, pool: Option<&str>) -> Result<Expected> {
+        let (_, name, pool) = read_pool(path, pool)?;
+        Ok(Expected {
+            file: path.display().to_string(),
+            pool: name,
+            now: pool.version(),
+            done: pool.with_migration_state(None).version(),
+        })
+    }
+
+    /// The version `s` runs, when it is this file's pool at neither of the
+    /// change's versions: it has not loaded the file yet.
+    fn lagging<'a>(&self, s: &'a Seen) -> Option<&'a str> {
+        let version = s.numbers["membership_version"].as_str().unwrap_or("?");
+        (s.pool == self.pool && version != self.now && version != self.done).then_some(version)
+    }
+}
+
 fn n(v: &Value, key: &str) -> u64 {
     v[key].as_u64().unwrap_or(0)
 }
 
-fn status(urls: &[String], watch: bool, interval: f64) -> Result<bool> {
+fn status(urls: &[String], watch: bool, interval: f64, expected: Option<&Expected>) -> Result<bool> {
     let bar = (watch && std::io::stderr().is_terminal()).then(|| {
         let bar = indicatif::ProgressBar::new(0);
         if let Ok(style) = indicatif::ProgressStyle::with_template("migrating [{bar:30}] {pos}/{len} keys moved  {msg}")
@@ -203,9 +244,18 @@ fn status(urls: &[String], watch: bool, interval: f64) -> Result<bool> {
     loop {
         let seen = look(urls)?;
         let migrating: Vec<&Seen> = seen.iter().filter(|s| s.migration.is_some()).collect();
+        let lagging = seen.iter().filter(|s| expected.and_then(|e| e.lagging(s)).is_some()).count();
         let mut out = std::io::stdout().lock();
         if !watch || bar.is_none() {
             for s in &seen {
+                if let Some((e, version)) = expected.and_then(|e| Some((e, e.lagging(s)?))) {
+                    writeln!(
+                        out,
+                        "{}  {}: has not loaded {}'s change yet (runs version {version}, the file's is {})",
+                        s.source, s.pool, e.file, e.now
+                    )?;
+                    continue;
+                }
                 let Some(m) = &s.migration else {
                     let done = n(&s.numbers, "migrations_completed");
                     writeln!(
@@ -257,9 +307,13 @@ fn status(urls: &[String], watch: bool, interval: f64) -> Result<bool> {
             bar.set_length(moved + left);
             bar.set_position(moved);
             let rate: u64 = migrating.iter().map(|s| n(&s.numbers, "migration_keys_per_second")).sum();
-            bar.set_message(format!("{rate} keys/s, {} proxies migrating", migrating.len()));
+            let waiting = match lagging {
+                0 => String::new(),
+                n => format!(", {n} not reloaded yet"),
+            };
+            bar.set_message(format!("{rate} keys/s, {} proxies migrating{waiting}", migrating.len()));
         }
-        if !watch || migrating.is_empty() {
+        if !watch || (migrating.is_empty() && lagging == 0) {
             if let Some(bar) = &bar {
                 bar.finish_and_clear();
             }
@@ -275,10 +329,15 @@ fn status(urls: &[String], watch: bool, interval: f64) -> Result<bool> {
 
 /// The file, its pool's name and config.
 fn read(file: &FileTarget) -> Result<(String, String, chash::PoolConfig)> {
-    let path = path(file)?;
+    read_pool(path(file)?, file.pool.as_deref())
+}
+
+/// The file's text, the pool's name (`pool`, or the file's one pool) and
+/// its config.
+fn read_pool(path: &std::path::Path, pool: Option<&str>) -> Result<(String, String, chash::PoolConfig)> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let config = Config::from_yaml(&text).with_context(|| path.display().to_string())?;
-    let name = pick_pool(&config, file.pool.as_deref())?;
+    let name = pick_pool(&config, pool)?;
     let pool = config.pool(Some(&name))?;
     Ok((text, name, pool))
 }
@@ -341,7 +400,7 @@ fn finish(file: &FileTarget) -> Result<bool> {
     if pool.migration.is_none() {
         bail!("pool {name} of {} is not migrating", path(file)?.display());
     }
-    let done = pool.with_migration_state(None);
+    let completed = pool.with_migration_state(None).version();
     if !file.force {
         for s in look(&file.check)?.iter().filter(|s| s.pool == name) {
             if let Some(m) = &s.migration {
@@ -353,13 +412,25 @@ fn finish(file: &FileTarget) -> Result<bool> {
                     n(&s.numbers, "migration_keys_remaining")
                 );
             }
-            if n(&s.numbers, "migrations_completed") == 0 {
-                bail!("{} has not completed pool {name}'s migration (has it reloaded the file?)", s.source);
+            // Completed this change's migration: the change's version with
+            // no migration. A proxy that has not loaded the file yet (it
+            // may have completed an earlier one) must not have the record
+            // taken away before it has moved the keys.
+            let version = s.numbers["membership_version"].as_str().unwrap_or("?");
+            if version != completed {
+                bail!(
+                    "{} has not completed pool {name}'s migration: it runs version {version}, not {completed} (the \
+                     change, migrated); let it reload the file and complete (chash migrate status {} -c {} --watch), \
+                     then finish again",
+                    s.source,
+                    s.source,
+                    path(file)?.display()
+                );
             }
         }
     }
     let text = set_migration(&text, &name, None)?;
     write(file, &text)?;
-    eprintln!("chash migrate: pool {name}: migration record removed (version {})", done.version());
+    eprintln!("chash migrate: pool {name}: migration record removed (version {})", completed);
     Ok(true)
 }

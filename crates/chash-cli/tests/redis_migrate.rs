@@ -246,7 +246,11 @@ fn now_writes_a_file_migration_moving() {
     let said = chash(&["config", "add", "-c", file, "--now", &added, "-i"]);
     let text = std::fs::read_to_string(&config).unwrap();
     assert!(text.contains("migrate_state: moving") && text.contains("migrate_from:"), "{text}");
-    assert!(said.contains("written moving (--now)") && said.contains("chash migrate status URL --watch"), "{said}");
+    assert!(
+        said.contains("written moving (--now)")
+            && said.contains(&format!("chash migrate status URL -c {file} --watch")),
+        "{said}"
+    );
 
     // A pool that does not migrate, and a change that moves nothing.
     let plain = dir.path("plain.yml");
@@ -266,6 +270,84 @@ fn now_writes_a_file_migration_moving() {
     std::fs::write(&memcached, text).unwrap();
     let refused = chash_fails(&["config", "add", "-c", memcached.to_str().unwrap(), "--now", &added, "-i"]);
     assert!(refused.contains("is a memcached pool, which warms up instead"), "{refused}");
+}
+
+/// A `--now` change the proxy has not loaded yet (it reloads on SIGHUP
+/// only here, so it lags as long as the test needs): `chash migrate
+/// finish` is refused, though the proxy completed an earlier migration
+/// (taking the record away before it moved a key would lose the keys the
+/// change moves); `chash migrate status -c FILE` says it has not loaded
+/// the change, and `--watch` waits through the reload to the end.
+#[test]
+fn finish_and_watch_wait_for_a_proxy_to_load_the_change() {
+    let _turn = serial();
+    let dir = TempDir::new("lagging");
+    let servers: Vec<Redis> = (0..3).map(|_| Redis::start()).collect();
+    let config = dir.path("pool.yml");
+    std::fs::write(&config, pool_file(&[&servers[0], &servers[1]], "")).unwrap();
+    let a = Proxy::start(&config, &["--no-watch"]);
+    let state = dir.path("state.json");
+    python(&["load", &a.addr, "20000", state.to_str().unwrap()]);
+    let file = config.to_str().unwrap();
+    let completed = |n: u64| {
+        let pool = a.pool();
+        pool.get("migration").is_none() && pool["migrations_completed"].as_u64() == Some(n)
+    };
+
+    // A first migration, through to its end.
+    chash(&["config", "add", "-c", file, "--now", &format!("{}:1 s2", servers[2].id()), "-i"]);
+    all_reloaded(&config, &[&a]);
+    eventually_or(120, "the first migration completes", || completed(1), || describe(&[&a]));
+    chash(&["migrate", "finish", "-c", file, "-i", "--check", &a.admin]);
+    all_reloaded(&config, &[&a]);
+
+    // The second, written and not loaded.
+    chash(&["config", "remove", "-c", file, "--now", &servers[0].id(), "-i"]);
+    let status = chash(&["migrate", "status", &a.admin, "-c", file]);
+    assert!(status.contains("cache: has not loaded") && status.contains(&format!("{file}'s change yet")), "{status}");
+    let refused = chash_fails(&["migrate", "finish", "-c", file, "-i", "--check", &a.admin]);
+    assert!(refused.contains("has not completed pool cache's migration: it runs version"), "{refused}");
+    assert!(std::fs::read_to_string(&config).unwrap().contains("migrate_state: moving"), "nothing written");
+
+    let mut watch = Command::new(env!("CARGO_BIN_EXE_chash"))
+        .args(["migrate", "status", &a.admin, "-c", file, "--watch", "--interval", "0.1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let reader = {
+        let (out, lines) = (watch.stdout.take().unwrap(), lines.clone());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        })
+    };
+    eventually(20, "--watch looks", || lines.lock().unwrap().iter().any(|l| l.contains("has not loaded")));
+    assert!(watch.try_wait().unwrap().is_none(), "--watch ended before the proxy loaded the change");
+    a.signal("-HUP");
+    let ended = Instant::now() + Duration::from_secs(120);
+    let exit = loop {
+        if let Some(exit) = watch.try_wait().unwrap() {
+            break exit;
+        }
+        if Instant::now() >= ended {
+            let _ = watch.kill();
+            panic!("--watch did not end: {:?}\n{}", lines.lock().unwrap(), describe(&[&a]));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    reader.join().unwrap();
+    let lines = lines.lock().unwrap();
+    assert!(exit.success(), "{lines:?}");
+    assert!(completed(2), "{lines:?}");
+    assert_eq!(lines.last().map(String::as_str), Some("no proxy is migrating"), "{lines:?}");
+    chash(&["migrate", "finish", "-c", file, "-i", "--check", &a.admin]);
+    all_reloaded(&config, &[&a]);
+    let verified = python(&["verify", &a.addr, state.to_str().unwrap()]);
+    zero(&verified, &["loaded_wrong", "ttl_off", "lost_writes", "counters_off", "lists_off"]);
+    every_key_on_its_owner(&config, &[&servers[1], &servers[2]], &[&servers[0]]);
 }
 
 /// Mid-move, one proxy is killed (SIGKILL) and started again, and a server
