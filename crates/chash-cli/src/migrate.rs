@@ -45,10 +45,12 @@ With a fleet on etcd (every registered proxy is the barrier):
   chash migrate status --etcd etcd://10.0.0.9:2379/chash/web --watch
   chash migrate finish --etcd etcd://10.0.0.9:2379/chash/web --wait 600
 
-One proxy alone: `chash config add --now` (moving at once; --migrate too unless
-the pool has migrate: true), then `chash migrate finish` once it completed; or its
-admin endpoint: POST /pools/POOL/servers?migrate=true (with --persist the
-record is written to the file and removed when the migration completes).")]
+One proxy alone (moving at once; add --migrate unless the pool has migrate: true):
+  chash config add -c pool.yml --now '10.0.0.4:6379:1 d' -i
+  chash migrate status http://10.0.0.1:22223 -c pool.yml --watch   # waits for the reload too
+  chash migrate finish -c pool.yml -i --check http://10.0.0.1:22223
+or its admin endpoint: POST /pools/POOL/servers?migrate=true (with --persist
+the record is written to the file and removed when the migration completes).")]
 pub struct MigrateArgs {
     #[command(subcommand)]
     command: MigrateCommand,
@@ -418,19 +420,20 @@ fn finish(file: &FileTarget) -> Result<bool> {
             // taken away before it has moved the keys.
             let version = s.numbers["membership_version"].as_str().unwrap_or("?");
             if version != completed {
+                let file = path(file)?.display();
                 bail!(
-                    "{} has not completed pool {name}'s migration: it runs version {version}, not {completed} (the \
-                     change, migrated); let it reload the file and complete (chash migrate status {} -c {} --watch), \
-                     then finish again",
+                    "{} has not completed the migration of pool {name}: it runs version {version}; the change is \
+                     version {} in {file} while it moves, {completed} once migrated. Let the proxy reload {file} and \
+                     complete (chash migrate status {} -c {file} --watch), then finish again",
                     s.source,
+                    pool.version(),
                     s.source,
-                    path(file)?.display()
                 );
             }
         }
     }
     let text = set_migration(&text, &name, None)?;
     write(file, &text)?;
-    eprintln!("chash migrate: pool {name}: migration record removed (version {})", completed);
+    eprintln!("chash migrate: pool {name}: migration record removed (version {completed})");
     Ok(true)
 }

@@ -306,7 +306,8 @@ fn finish_and_watch_wait_for_a_proxy_to_load_the_change() {
     let status = chash(&["migrate", "status", &a.admin, "-c", file]);
     assert!(status.contains("cache: has not loaded") && status.contains(&format!("{file}'s change yet")), "{status}");
     let refused = chash_fails(&["migrate", "finish", "-c", file, "-i", "--check", &a.admin]);
-    assert!(refused.contains("has not completed pool cache's migration: it runs version"), "{refused}");
+    assert!(refused.contains("has not completed the migration of pool cache: it runs version"), "{refused}");
+    assert!(refused.contains(&format!("the change is version {} in {file} while it moves", file_version(&config))));
     assert!(std::fs::read_to_string(&config).unwrap().contains("migrate_state: moving"), "nothing written");
 
     let mut watch = Command::new(env!("CARGO_BIN_EXE_chash"))
