@@ -183,6 +183,13 @@ struct Seen {
     numbers: Value,
 }
 
+impl Seen {
+    /// The pool version the proxy runs.
+    fn version(&self) -> &str {
+        self.numbers["membership_version"].as_str().unwrap_or("?")
+    }
+}
+
 fn look(urls: &[String]) -> Result<Vec<Seen>> {
     let mut out = Vec::new();
     for url in urls {
@@ -214,18 +221,22 @@ struct Expected {
 impl Expected {
     fn read(path: &std::path::Path, pool: Option<&str>) -> Result<Expected> {
         let (_, name, pool) = read_pool(path, pool)?;
-        Ok(Expected {
+        Ok(Expected::of(path, name, &pool))
+    }
+
+    fn of(path: &std::path::Path, name: String, pool: &chash::PoolConfig) -> Expected {
+        Expected {
             file: path.display().to_string(),
             pool: name,
             now: pool.version(),
             done: pool.with_migration_state(None).version(),
-        })
+        }
     }
 
     /// The version `s` runs, when it is this file's pool at neither of the
     /// change's versions: it has not loaded the file yet.
     fn lagging<'a>(&self, s: &'a Seen) -> Option<&'a str> {
-        let version = s.numbers["membership_version"].as_str().unwrap_or("?");
+        let version = s.version();
         (s.pool == self.pool && version != self.now && version != self.done).then_some(version)
     }
 }
@@ -246,11 +257,13 @@ fn status(urls: &[String], watch: bool, interval: f64, expected: Option<&Expecte
     loop {
         let seen = look(urls)?;
         let migrating: Vec<&Seen> = seen.iter().filter(|s| s.migration.is_some()).collect();
-        let lagging = seen.iter().filter(|s| expected.and_then(|e| e.lagging(s)).is_some()).count();
+        // Per proxy, the version it runs when it has not loaded the file's change.
+        let behind: Vec<Option<&str>> = seen.iter().map(|s| expected.and_then(|e| e.lagging(s))).collect();
+        let lagging = behind.iter().flatten().count();
         let mut out = std::io::stdout().lock();
         if !watch || bar.is_none() {
-            for s in &seen {
-                if let Some((e, version)) = expected.and_then(|e| Some((e, e.lagging(s)?))) {
+            for (s, behind) in seen.iter().zip(&behind) {
+                if let (Some(e), Some(version)) = (expected, behind) {
                     writeln!(
                         out,
                         "{}  {}: has not loaded {}'s change yet (runs version {version}, the file's is {})",
@@ -377,7 +390,7 @@ fn start(file: &FileTarget) -> Result<bool> {
     let armed = pool.version();
     if !file.force {
         for s in look(&file.check)?.iter().filter(|s| s.pool == name) {
-            let version = s.numbers["membership_version"].as_str().unwrap_or("?");
+            let version = s.version();
             if version != armed {
                 bail!(
                     "{} runs pool {name} at version {version}, not the armed change's {armed}: it may still write moved \
@@ -402,7 +415,7 @@ fn finish(file: &FileTarget) -> Result<bool> {
     if pool.migration.is_none() {
         bail!("pool {name} of {} is not migrating", path(file)?.display());
     }
-    let completed = pool.with_migration_state(None).version();
+    let change = Expected::of(path(file)?, name.clone(), &pool);
     if !file.force {
         for s in look(&file.check)?.iter().filter(|s| s.pool == name) {
             if let Some(m) = &s.migration {
@@ -418,15 +431,14 @@ fn finish(file: &FileTarget) -> Result<bool> {
             // no migration. A proxy that has not loaded the file yet (it
             // may have completed an earlier one) must not have the record
             // taken away before it has moved the keys.
-            let version = s.numbers["membership_version"].as_str().unwrap_or("?");
-            if version != completed {
-                let file = path(file)?.display();
+            let version = s.version();
+            if version != change.done {
+                let Expected { file: shown, now, done, .. } = &change;
                 bail!(
                     "{} has not completed the migration of pool {name}: it runs version {version}; the change is \
-                     version {} in {file} while it moves, {completed} once migrated. Let the proxy reload {file} and \
-                     complete (chash migrate status {} -c {file} --watch), then finish again",
+                     version {now} in {shown} while it moves, {done} once migrated. Let the proxy reload {shown} and \
+                     complete (chash migrate status {} -c {shown} --watch), then finish again",
                     s.source,
-                    pool.version(),
                     s.source,
                 );
             }
@@ -434,6 +446,6 @@ fn finish(file: &FileTarget) -> Result<bool> {
     }
     let text = set_migration(&text, &name, None)?;
     write(file, &text)?;
-    eprintln!("chash migrate: pool {name}: migration record removed (version {completed})");
+    eprintln!("chash migrate: pool {name}: migration record removed (version {})", change.done);
     Ok(true)
 }
